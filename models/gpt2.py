@@ -1,0 +1,179 @@
+"""GPT-2 on tinygrad: Hugging Face checkpoints, a preallocated KV cache with rollback, JIT-compiled forward passes.
+
+The model returns logits for every position it is fed and never samples: the speculative sampler needs the
+K+1 distributions of one verify pass. The KV cache holds what the model has seen up to the position the
+caller passes next; rolling back r tokens is calling with a start position r smaller (nothing is copied or
+recomputed: the stale entries are overwritten before anything reads them).
+"""
+from __future__ import annotations
+import json, os, pathlib, urllib.error
+from dataclasses import dataclass
+from tinygrad import Tensor, TinyJit, UOp, Device, dtypes, nn
+from tinygrad.helpers import fetch
+from tinygrad.nn.state import safe_load, safe_load_metadata, get_state_dict, load_state_dict
+
+@dataclass(frozen=True)
+class GPT2Config:
+  n_layer: int
+  n_head: int
+  n_embd: int
+  vocab_size: int = 50257
+  n_positions: int = 1024
+  layer_norm_epsilon: float = 1e-5
+
+  @property
+  def n_params(self) -> int:  # with the lm_head tied to wte, as in the released checkpoints
+    C, L = self.n_embd, self.n_layer
+    return self.vocab_size*C + self.n_positions*C + L*(12*C*C + 13*C) + 2*C
+
+# The released OpenAI checkpoints (parameter counts from GPT2Config.n_params).
+CONFIGS = {
+  "gpt2":        GPT2Config(n_layer=12, n_head=12, n_embd=768),   # 124M
+  "gpt2-medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),  # 355M
+  "gpt2-large":  GPT2Config(n_layer=36, n_head=20, n_embd=1280),  # 774M
+  "gpt2-xl":     GPT2Config(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+}
+HF_URL = "https://huggingface.co/openai-community/{name}/resolve/main/model.safetensors"
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
+EOT = 50256  # <|endoftext|>
+
+class CheckpointError(Exception):
+  """A model that cannot be loaded: the message names the file (or model name) and the problem."""
+
+class Attention:
+  def __init__(self, cfg:GPT2Config, dtype):
+    self.c_attn, self.c_proj = nn.Linear(cfg.n_embd, 3*cfg.n_embd), nn.Linear(cfg.n_embd, cfg.n_embd)
+    self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
+    # one preallocated cache per layer and per model instance: (k|v, batch, head, position, head_dim)
+    self.cache_kv = Tensor.zeros(2, 1, self.n_head, cfg.n_positions, self.head_dim, dtype=dtype).contiguous().realize()
+
+  def __call__(self, x:Tensor, start_pos:int|UOp, mask:Tensor|None) -> Tensor:
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+    self.cache_kv[:, :, :, start_pos:start_pos+T].assign(Tensor.stack(k, v))
+    keys, values = self.cache_kv[0, :, :, :start_pos+T], self.cache_kv[1, :, :, :start_pos+T]  # (B, H, start_pos+T, D)
+    y = q.scaled_dot_product_attention(keys, values, mask)                                    # (B, H, T, D)
+    return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+class MLP:
+  def __init__(self, cfg:GPT2Config):
+    self.c_fc, self.c_proj = nn.Linear(cfg.n_embd, 4*cfg.n_embd), nn.Linear(4*cfg.n_embd, cfg.n_embd)
+
+  def __call__(self, x:Tensor) -> Tensor: return self.c_proj(self.c_fc(x).gelu())  # tanh GELU, GPT-2's gelu_new
+
+class Block:
+  def __init__(self, cfg:GPT2Config, dtype):
+    self.ln_1, self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon), nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+    self.attn, self.mlp = Attention(cfg, dtype), MLP(cfg)
+
+  def __call__(self, x:Tensor, start_pos:int|UOp, mask:Tensor|None) -> Tensor:
+    x = x + self.attn(self.ln_1(x), start_pos, mask)
+    return (x + self.mlp(self.ln_2(x))).contiguous()
+
+class GPT2:
+  def __init__(self, cfg:GPT2Config, half:bool=False):
+    self.cfg, self.dtype = cfg, dtypes.half if half else dtypes.float32
+    self.wte, self.wpe = nn.Embedding(cfg.vocab_size, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
+    self.h = [Block(cfg, self.dtype) for _ in range(cfg.n_layer)]
+    self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+    self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
+    # one JIT per input width, owned by this instance: a TinyJit on the class would be shared by draft and target
+    self.jits: dict[int, TinyJit] = {}
+
+  def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
+    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
+    T = tokens.shape[1]
+    x = self.wte(tokens) + self.wpe.weight.shrink(((start_pos, start_pos+T), None))            # (1, T, C)
+    mask = Tensor.full((1, 1, T, start_pos+T), float("-inf"), dtype=x.dtype).triu(start_pos+1) if T > 1 else None
+    for block in self.h: x = block(x, start_pos, mask)
+    return (self.ln_f(x)[0] @ self.wte.weight.T).float().contiguous()                          # (T, vocab), lm_head tied to wte
+
+  def __call__(self, tokens:Tensor, start_pos:int) -> Tensor:
+    """JIT-compiled forward: after two calls of a width nothing compiles again, whatever start_pos is."""
+    T = tokens.shape[1]
+    if not 0 <= start_pos <= self.cfg.n_positions - T:
+      raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
+    jit = self.jits.setdefault(T, TinyJit(self.forward))
+    return jit(tokens, self.positions.bind(start_pos))
+
+  def prefill(self, tokens:list[int]) -> None:
+    """Fill the cache with tokens at positions 0..len-1 (one pass, not JIT-compiled: prompts vary in length)."""
+    if tokens: self.forward(Tensor([tokens], dtype=dtypes.int32), 0).realize()
+
+  @property
+  def weight_bytes(self) -> int: return sum(t.nbytes() for k, t in get_state_dict(self).items() if "cache_kv" not in k)
+
+  @property
+  def cache_bytes(self) -> int: return sum(b.attn.cache_kv.nbytes() for b in self.h)
+
+# ***** loading *****
+
+def load(name_or_dir:str, half:bool=False, dummy:bool=False) -> GPT2:
+  """A model by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: downloaded once, then cached) or from a local
+  Hugging Face checkpoint directory (config.json + model.safetensors). dummy=True: random weights of that shape."""
+  path = pathlib.Path(name_or_dir)
+  if path.is_dir(): cfg, weights = _read_config(path / "config.json"), path / "model.safetensors"
+  elif name_or_dir in CONFIGS: cfg, weights = CONFIGS[name_or_dir], None
+  elif "/" in name_or_dir or name_or_dir.startswith("."): raise CheckpointError(f"{name_or_dir}: no such checkpoint directory")
+  else: raise CheckpointError(f"unknown model {name_or_dir!r}: use one of {', '.join(CONFIGS)} or a local checkpoint directory")
+  model = GPT2(cfg, half)
+  if dummy: return _randomize(model)
+  if weights is None: weights = _download(name_or_dir)
+  _load_weights(model, weights)
+  return model
+
+def _read_config(fn:pathlib.Path) -> GPT2Config:
+  try: raw = json.loads(fn.read_text())
+  except FileNotFoundError: raise CheckpointError(f"{fn}: missing (a checkpoint directory needs config.json and model.safetensors)") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e: raise CheckpointError(f"{fn}: not valid JSON ({e})") from None
+  missing = [k for k in ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions") if k not in raw]
+  if missing: raise CheckpointError(f"{fn}: missing {', '.join(missing)}")
+  if raw.get("activation_function", "gelu_new") != "gelu_new": raise CheckpointError(f"{fn}: activation {raw['activation_function']} is not gelu_new")
+  if raw["n_embd"] % raw["n_head"]: raise CheckpointError(f"{fn}: n_embd {raw['n_embd']} is not a multiple of n_head {raw['n_head']}")
+  return GPT2Config(**{k: raw[k] for k in ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")},
+                    layer_norm_epsilon=raw.get("layer_norm_epsilon", 1e-5))
+
+def _download(name:str) -> pathlib.Path:
+  try: return fetch(HF_URL.format(name=name), name=f"{name}.safetensors", subdir="spec")
+  except (urllib.error.URLError, OSError) as e:
+    raise CheckpointError(f"cannot download {name} ({getattr(e, 'reason', e)}): offline? pass a local checkpoint directory "
+                          "(config.json + model.safetensors) instead of the name") from None
+
+def _load_weights(model:GPT2, fn:pathlib.Path) -> None:
+  if not fn.is_file(): raise CheckpointError(f"{fn}: missing")
+  try:
+    _, data_start, header = safe_load_metadata(fn)
+    size = fn.stat().st_size
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if data_start + end > size: raise ValueError(f"truncated: the header describes {data_start+end} bytes, the file has {size}")
+    stored = safe_load(fn)
+  except Exception as e: raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
+  stored = {k.removeprefix("transformer."): v for k, v in stored.items()}
+  expected = get_state_dict(model)
+  weights = {}
+  for k, param in expected.items():
+    if "cache_kv" in k: continue
+    if k not in stored: raise CheckpointError(f"{fn}: missing weight {k}")
+    w = stored[k].to(Device.DEFAULT)
+    if k.endswith(CONV1D): w = w.T
+    if w.shape != param.shape: raise CheckpointError(f"{fn}: {k} has shape {w.shape}, expected {param.shape}")
+    weights[k] = w.cast(param.dtype)
+  load_state_dict(model, weights, strict=False, verbose=False)
+
+def _randomize(model:GPT2) -> GPT2:
+  """Random weights of the right shapes and GPT-2-like scale (no download): for benchmarks anywhere."""
+  for k, t in get_state_dict(model).items():
+    if "cache_kv" in k: continue
+    if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")): t.assign(Tensor.ones(*t.shape, dtype=t.dtype))
+    else: t.assign(Tensor.normal(*t.shape, std=0.02, dtype=t.dtype))
+  Tensor.realize(*get_state_dict(model).values())
+  return model
+
+def tokenizer():
+  """GPT-2's BPE from tiktoken (r50k_base is identical to "gpt2"); offline, point TIKTOKEN_CACHE_DIR at a cache holding it."""
+  import tiktoken
+  try: return tiktoken.get_encoding("r50k_base")
+  except Exception as e:
+    raise CheckpointError(f"cannot load GPT-2's tokenizer r50k_base ({e}): offline? set TIKTOKEN_CACHE_DIR to a directory "
+                          f"holding tiktoken's r50k_base file (now {os.environ.get('TIKTOKEN_CACHE_DIR', 'unset')})") from None
+

@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""spec: exact speculative sampling (Chen et al. 2023, "Accelerating LLM decoding with speculative sampling",
+Algorithm 2) with a small draft GPT-2 and a large target GPT-2 on tinygrad.
+
+Notation as in the paper: p is the draft's distribution, q the target's, K the lookahead, n the length of the
+sequence so far. One round:
+  1. the draft samples x~_1..x~_K autoregressively, x~_t ~ p(x | x_1..x_n, x~_1..x~_t-1)        propose()
+  2. the target computes q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K) in one forward pass   target(...)
+  3. for t = 1..K: keep x~_t if r_t < min(1, q(x~_t)/p(x~_t)), r_t ~ U[0, 1); at the first rejection
+     draw x ~ norm(max(0, q - p)) and end the round; if all K are kept draw a bonus x ~ q_K+1      verify()
+Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token).
+A round runs on the device; the host reads one small tensor per round.
+"""
+from __future__ import annotations
+import argparse, codecs, functools, json, os, sys, time, weakref
+from dataclasses import dataclass, field, asdict
+from tinygrad import Tensor, TinyJit, Device, dtypes
+import models
+from models import EOT, GPT2
+
+# ***** distributions on the device *****
+
+@dataclass(frozen=True)
+class Sampling:
+  """How logits become the distribution sampled from; p and q are warped identically. temperature 0 is greedy,
+  top_k 0 and top_p 1 switch those filters off."""
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not self.temperature >= 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0: raise ValueError(f"top-k must be >= 0, got {self.top_k}")
+    if not 0 < self.top_p <= 1: raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def filtered(self) -> bool: return self.top_k > 0 or self.top_p < 1  # a structural choice: the values travel as Tensors
+
+  def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
+    # values go into the JIT-compiled functions as Tensors, so changing them compiles nothing
+    return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([self.top_k or vocab_size], dtype=dtypes.int32),
+            Tensor([self.top_p], dtype=dtypes.float32))
+
+def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, filtered:bool) -> Tensor:
+  """logits (N, V) -> the distributions (N, V) that tokens are drawn from. Temperature 0: one-hot on the argmax."""
+  greedy = (logits.argmax(-1, keepdim=True) == Tensor.arange(logits.shape[-1])).float()
+  probs = (logits / temperature.maximum(1e-6)).softmax(-1)
+  if filtered:
+    probs = probs * keep_largest(probs, lambda kept: kept.sum(-1, keepdim=True) >= top_k)             # top-k
+    probs = probs * keep_largest(probs, lambda kept: (kept * probs).sum(-1, keepdim=True) >= top_p * probs.sum(-1, keepdim=True))
+    probs = probs / probs.sum(-1, keepdim=True)                                                         # top-p of what top-k kept
+  return (temperature == 0).where(greedy, probs).contiguous()  # materialized: every later step reads it
+
+def keep_largest(probs:Tensor, enough) -> Tensor:
+  """Mask (N, V) of the probabilities >= the largest threshold t for which enough(probs >= t) holds, per row.
+  No sort: bisection on the float32 bit patterns, which order non-negative floats, so t is exact after 31 steps."""
+  bits = probs.float().bitcast(dtypes.int32)
+  lo, hi = Tensor.zeros(probs.shape[0], 1, dtype=dtypes.int32), Tensor.full((probs.shape[0], 1), 0x7f800000, dtype=dtypes.int32)
+  for _ in range(31):
+    mid = lo + (hi - lo + 1) // 2
+    ok = enough((bits >= mid).float())
+    lo, hi = ok.where(mid, lo), ok.where(hi, mid - 1)
+  return (bits >= lo).float()
+
+def uniform(key:Tensor, counter:Tensor, *shape:int) -> Tensor:
+  """U(0, 1) draws from the run's threefry stream at position counter; never exactly 0 or 1."""
+  n = 1
+  for s in shape: n *= s
+  return (((Tensor.random_bits(key, counter, n) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
+
+def sample(probs:Tensor, u:Tensor) -> Tensor:
+  """One token per row, distributed as probs (Gumbel-max with u ~ U(0,1) of the same shape); zero-probability tokens never."""
+  return (probs.log() - (-u.log()).log()).argmax(-1)
+
+def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
+  """min(1, q(x)/p(x)) for each drafted x (K,): the probability that the target keeps it. p, q: (K, V)."""
+  px, qx = p.gather(-1, x.unsqueeze(-1)).squeeze(-1), q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+  return (qx / px).minimum(1)
+
+def residual(p:Tensor, q:Tensor) -> Tensor:
+  """norm(max(0, q - p)) per row: where to draw from after a rejection. With p = 0 it is q: the bonus token."""
+  diff = (q - p).relu()
+  return diff / diff.sum(-1, keepdim=True)
+
+# ***** one round, as JIT-compiled functions of the draft and of the verification *****
+
+def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, K:int, filtered:bool):
+  """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
+  Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V)."""
+  u = uniform(key, counter, K, draft.cfg.vocab_size)
+  tokens, pos, drafted, ps = unseen, start_pos, [], []
+  for t in range(K):
+    p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, filtered)   # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+    drafted.append(sample(p, u[t:t+1]).realize())                                   # x~_t+1 ~ p; realized, so the next
+    ps.append(p)                                                                    # step does not recompute this one
+    pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
+  return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
+
+def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
+  """Step 3, modified rejection sampling. q_logits (K+1, V) from the target's pass over block = [x_n, x~_1..x~_K],
+  p (K, V). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one float32 vector."""
+  K, V = p.shape
+  q, drafted = warp(q_logits, temperature, top_k, top_p, filtered), block[0, 1:]
+  r = uniform(key, counter, K + V)
+  kept = r[:K] < acceptance(p, q[:K], drafted)                                 # r_t < min(1, q(x~_t)/p(x~_t))
+  n = kept.where(K, Tensor.arange(K)).min()                                    # the first rejection, K if none
+  p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
+  dist = residual(p, q)[n]                                                     # norm(max(0, q_n - p_n)), or the bonus q_K+1
+  token = sample(dist, r[K:])
+  rows = Tensor.arange(K)
+  qx, px = q[rows, drafted], p[rows, drafted]
+  return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
+
+def next_token(logits:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
+  """The baseline's step: x ~ q(x | x_1..x_n) from the target's logits (1, V). Returns [token, q(token)]."""
+  q = warp(logits, temperature, top_k, top_p, filtered)
+  token = sample(q, uniform(key, counter, *q.shape))
+  return Tensor.stack(token[0].float(), q[0, token[0]]).realize()
+
+_jits: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
+def jitted(model:GPT2, fn, width:int, **static) -> TinyJit:
+  """fn JIT-compiled once per model instance, input width and static arguments (draft and target never share a graph)."""
+  jits, key = _jits.setdefault(model, {}), (fn.__name__, width, *sorted(static.items()))
+  if key not in jits: jits[key] = TinyJit(functools.partial(fn, **static))
+  return jits[key]
+
+def warm(fn, *args) -> None:
+  """Trace and capture a JIT-compiled step on real inputs. Repeating a step with the same inputs rewrites the same
+  cache entries with the same values, so this changes nothing but the time the first real call takes."""
+  for _ in range(2): fn(*args)
+
+# ***** generation *****
+
+@dataclass
+class Stats:
+  new_tokens: int = 0
+  rounds: int = 0                 # target passes
+  draft_passes: int = 0
+  drafted: int = 0
+  accepted: int = 0
+  host_syncs: int = 0
+  time_draft: float = 0.0         # seconds, synchronized at phase boundaries
+  time_verify: float = 0.0
+  time_total: float = 0.0
+  t_target: float = 0.0           # one-token target decode, measured in this run
+  t_draft: float = 0.0            # one draft pass (with its sampling)
+  time_warmup: float = 0.0        # JIT capture and the t_target measurement, not in time_total
+  K: int = 0
+  sources: dict = field(default_factory=dict)  # emitted tokens by source: accepted / resampled / bonus / target
+
+  @property
+  def acceptance_rate(self) -> float: return self.accepted / self.drafted if self.drafted else 0.0      # alpha
+  @property
+  def tokens_per_round(self) -> float: return self.new_tokens / self.rounds if self.rounds else 0.0
+  @property
+  def r_prime(self) -> float: return self.tokens_per_round / (self.K + 1) if self.K else 1.0          # the seed's r'
+  @property
+  def tokens_per_s(self) -> float: return self.new_tokens / self.time_total if self.time_total else 0.0
+  @property
+  def time_other(self) -> float: return self.time_total - self.time_draft - self.time_verify
+  @property
+  def theoretical_speedup(self) -> float:  # r'(K+1) t_target / (t_draft K + t_target), costs from this run
+    if not self.K or not self.t_target: return 1.0
+    return self.r_prime * (self.K + 1) * self.t_target / (self.t_draft * self.K + self.t_target)
+
+  def finish(self, start:float, new_tokens:int) -> Stats:
+    self.time_total, self.new_tokens = time.perf_counter() - start, new_tokens
+    if self.draft_passes: self.t_draft = self.time_draft / self.draft_passes
+    return self
+
+  def as_dict(self) -> dict:
+    props = ("acceptance_rate", "tokens_per_round", "r_prime", "tokens_per_s", "time_other", "theoretical_speedup")
+    return {**asdict(self), **{k: getattr(self, k) for k in props}}
+
+def check_context(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int):
+  if K < 1: raise ValueError(f"K (lookahead) must be >= 1, got {K}")
+  if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
+  context = min((m.cfg.n_positions for m in models_), default=None)
+  if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
+    raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
+
+def synchronize() -> float:
+  Device[Device.DEFAULT].synchronize()
+  return time.perf_counter()
+
+def read(t:Tensor, stats:Stats) -> list:
+  stats.host_syncs += 1
+  return t.tolist()
+
+def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int=4, max_new_tokens:int=256,
+                         sampling:Sampling=Sampling(), seed:int=0, stop_at_eos:bool=True, on_token=None) -> tuple[list[int], Stats]:
+  """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
+  on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
+  if draft.cfg.vocab_size != target.cfg.vocab_size:
+    raise ValueError(f"draft and target vocabularies differ ({draft.cfg.vocab_size} vs {target.cfg.vocab_size})")
+  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
+  check_context([target, draft], tokens, max_new_tokens, K)
+  stats, key, params, V = Stats(K=K), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
+  target.prefill(tokens[:-1]); draft.prefill(tokens[:-1])
+  draws = 0                                      # position in the run's random stream: K*V for the draft, K+V to verify
+  def draft_step(unseen:list[int]):              # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen yet
+    return jitted(draft, propose, len(unseen), K=K, filtered=sampling.filtered)(draft,
+      Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(len(tokens) - len(unseen)), key, counter(draws), *params)
+  def verify_step(block:Tensor, p:Tensor):       # 2. q for all K+1 positions in one target pass, 3. accept / resample
+    q_logits = target(block, len(tokens) - 1)
+    return jitted(target, verify, K + 1, filtered=sampling.filtered)(q_logits, p, block, key, counter(draws + K*V), *params)
+  t0 = time.perf_counter()
+  stats.t_target = time_target_decode(target, tokens)
+  if len(tokens) >= 2: warm(draft_step, tokens[-2:])  # the catch-up width, on the last two context tokens
+  warm(lambda: verify_step(*draft_step(tokens[-1:])))
+  stats.time_warmup = time.perf_counter() - t0
+
+  unseen, new = tokens[-1:], []                  # the draft has not consumed x_n yet
+  start = time.perf_counter()
+  while len(new) < max_new_tokens:
+    t0 = time.perf_counter()
+    block, p = draft_step(unseen)                # block = [x_n, x~_1..x~_K], the draft cache rolled back to where unseen goes
+    t1 = synchronize()
+    result = read(verify_step(block, p), stats)  # the round's one read back to the host; the target cache rolled back to n-1
+    t2 = time.perf_counter()
+    draws += K*V + K + V
+    accepted, token = int(result[0]), int(result[1])
+    drafted, qx, px = [int(x) for x in result[4:4+K]], result[4+K:4+2*K], result[4+2*K:]
+    emitted = [dict(id=x, source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(drafted[:accepted])]
+    emitted.append(dict(id=token, source="resampled" if accepted < K else "bonus", index=accepted, q=result[2],
+                        p=result[3] if accepted < K else None))
+    stats.rounds += 1; stats.draft_passes += K; stats.drafted += K; stats.accepted += accepted
+    stats.time_draft += t1 - t0; stats.time_verify += t2 - t1
+    for e in emitted:
+      new.append(e["id"]); tokens.append(e["id"])
+      stats.sources[e["source"]] = stats.sources.get(e["source"], 0) + 1
+      if on_token: on_token(e)
+      if len(new) == max_new_tokens or (stop_at_eos and e["id"] == EOT): return new, stats.finish(start, len(new))
+    # 4. the draft has consumed x_n, x~_1..x~_K-1; after a full accept it has yet to see x~_K, then the bonus token
+    unseen = [drafted[-1], token] if accepted == K else [token]
+  return new, stats.finish(start, len(new))
+
+def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
+def counter(draws:int) -> Tensor: return Tensor([draws & 0xffffffff, draws >> 32], dtype=dtypes.uint32)
+
+def time_target_decode(target:GPT2, tokens:list[int], reps:int=3) -> float:
+  """Seconds for one JIT-compiled one-token target decode (x_n at its own position: the cache entry it writes is
+  rewritten by the next pass anyway)."""
+  x = Tensor([tokens[-1:]], dtype=dtypes.int32)
+  warm(target, x, len(tokens) - 1)
+  t0 = synchronize()
+  for _ in range(reps): target(x, len(tokens) - 1)
+  return (synchronize() - t0) / reps
+
+def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
+                            seed:int=0, stop_at_eos:bool=True, on_token=None) -> tuple[list[int], Stats]:
+  """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
+  tokens = list(prompt_tokens) or [EOT]
+  check_context([target], tokens, max_new_tokens, 1)
+  stats, key, params, V = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
+  target.prefill(tokens[:-1])
+  def step():                                    # x_n+1 ~ q(x | x_1..x_n)
+    logits = target(Tensor([tokens[-1:]], dtype=dtypes.int32), len(tokens) - 1)
+    return jitted(target, next_token, 1, filtered=sampling.filtered)(logits, key, counter(len(new) * V), *params)
+  new: list[int] = []
+  t0 = time.perf_counter()
+  stats.t_target = time_target_decode(target, tokens)
+  warm(step)
+  stats.time_warmup = time.perf_counter() - t0
+  start = time.perf_counter()
+  while len(new) < max_new_tokens:
+    token, q = read(step(), stats)
+    new.append(int(token)); tokens.append(int(token))
+    stats.rounds += 1
+    stats.sources["target"] = stats.sources.get("target", 0) + 1
+    if on_token: on_token(dict(id=int(token), source="target", index=0, q=q, p=None))
+    if stop_at_eos and token == EOT: break
+  stats.finish(start, len(new))
+  stats.time_verify = stats.time_total
+  return new, stats
+
+# ***** command line *****
+
+class Printer:
+  """Streams decoded text to stdout; on a terminal, draft-accepted tokens in one colour, target-produced ones in another."""
+  COLORS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
+  def __init__(self, enc, color:bool):
+    self.enc, self.color, self.decoder = enc, color, codecs.getincrementaldecoder("utf-8")(errors="replace")
+  def __call__(self, event:dict):
+    text = self.decoder.decode(self.enc.decode_single_token_bytes(event["id"]))
+    sys.stdout.write(f"{self.COLORS[event['source']]}{text}\033[0m" if self.color and text else text)
+    sys.stdout.flush()
+
+def summary(stats:Stats) -> str:
+  s = (f"{stats.new_tokens} tokens in {stats.time_total:.2f} s ({stats.tokens_per_s:.1f} tokens/s), {stats.rounds} target passes")
+  if not stats.K: return s
+  return s + (f", {stats.draft_passes} draft passes\n"
+    f"  K={stats.K}: accepted {stats.accepted}/{stats.drafted} drafted (alpha {stats.acceptance_rate:.3f}), "
+    f"{stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
+    f"  time: draft {stats.time_draft:.2f} s, verify {stats.time_verify:.2f} s, other {stats.time_other:.2f} s; "
+    f"t_draft {stats.t_draft*1e3:.1f} ms, t_target {stats.t_target*1e3:.1f} ms\n"
+    f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x")
+
+class ArgumentParser(argparse.ArgumentParser):
+  def error(self, message):  # one line and exit 2, as for every other bad input
+    print(f"{self.prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+def parse_args(argv=None):
+  ap = ArgumentParser(prog="spec.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    description="Exact speculative sampling with two GPT-2 models: the draft proposes K tokens, the target verifies them "
+                "in one pass, and modified rejection sampling keeps the target's output distribution exactly.")
+  src = ap.add_mutually_exclusive_group()
+  src.add_argument("--prompt", default="", help="text to continue; empty means unconditional generation after <|endoftext|>")
+  src.add_argument("--prompt-file", help="read the prompt from this file instead")
+  ap.add_argument("--target", default="gpt2-xl", help="target model: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
+                  "Hugging Face checkpoint directory (config.json + model.safetensors)")
+  ap.add_argument("--draft", default="gpt2", help="draft model, named as --target")
+  ap.add_argument("-K", "--lookahead", type=int, default=4, help="tokens the draft proposes per round")
+  ap.add_argument("-n", "--max-new-tokens", type=int, default=256, help="new tokens to generate")
+  ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the target's exact greedy output)")
+  ap.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 keeps all")
+  ap.add_argument("--top-p", type=float, default=1.0, help="sample only from the smallest set of tokens with this much probability")
+  ap.add_argument("--seed", type=int, default=0, help="random seed; the same seed reproduces a run")
+  ap.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
+  ap.add_argument("--compare", action="store_true", help="run the target alone first, then speculative sampling, and compare")
+  ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+  ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, p)")
+  ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
+  return ap.parse_args(argv)
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  try:
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    check_context([], [], args.max_new_tokens, args.lookahead)
+    prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
+    enc = models.tokenizer()
+    prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
+    target = models.load(args.target, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
+    draft = models.load(args.draft, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+      raise ValueError(f"draft and target vocabularies differ ({draft.cfg.vocab_size} vs {target.cfg.vocab_size})")
+    check_context([target, draft], prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
+  except (ValueError, OSError, models.CheckpointError) as e:
+    print(f"spec.py: error: {e}", file=sys.stderr)
+    return 2
+  common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_at_eos=not args.ignore_eos)
+  trace = open(args.trace, "w") if args.trace else None
+  stream = not args.json and trace is None
+  color = stream and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+  def on_token(event):
+    if trace: trace.write(json.dumps({**event, "text": enc.decode([event["id"]])}) + "\n")
+    if stream: printer(event)
+  if args.dummy_weights: print("WARNING: --dummy-weights: random weights, the text is noise; only the timings mean anything", file=sys.stderr)
+  results = {}
+  for name in (["baseline"] if args.compare else []) + ["speculative"]:
+    printer = Printer(enc, color)
+    if stream: print(f"{'-'*20} {name} {'-'*20}\n{prompt}", end="", flush=True)
+    if name == "baseline": out = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
+    else: out = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token)
+    results[name] = out
+    if stream: print(f"\n{'-'*20} {name}: {summary(out[1])}\n")
+  if trace: trace.close()
+  tokens, stats = results["speculative"]
+  if args.json:
+    report = lambda toks, st: dict(tokens=toks, text=enc.decode(toks), stats=st.as_dict())
+    obj = dict(prompt_tokens=prompt_tokens, **report(tokens, stats), dummy_weights=args.dummy_weights)
+    if args.compare: obj["baseline"] = report(*results["baseline"])
+    print(json.dumps(obj))
+  elif args.compare:
+    base_tokens, base = results["baseline"]
+    print(f"speedup {base.time_total / stats.time_total * stats.new_tokens / max(base.new_tokens, 1):.2f}x measured "
+          f"(tokens/s {stats.tokens_per_s:.1f} vs {base.tokens_per_s:.1f}), {stats.theoretical_speedup:.2f}x theoretical")
+    if sampling.temperature == 0: print(f"greedy outputs identical: {tokens == base_tokens}")
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())
