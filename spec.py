@@ -124,10 +124,11 @@ def jitted(model:GPT2, fn, width:int, **static) -> TinyJit:
   if key not in jits: jits[key] = TinyJit(functools.partial(fn, **static))
   return jits[key]
 
-def warm(fn, *args) -> None:
-  """Trace and capture a JIT-compiled step on real inputs. Repeating a step with the same inputs rewrites the same
-  cache entries with the same values, so this changes nothing but the time the first real call takes."""
-  for _ in range(2): fn(*args)
+def warmup(*steps) -> None:
+  """Trace and capture JIT-compiled steps (a TinyJit captures on its second call) before the prefill, at position 0:
+  what they write into the caches is overwritten by the prefill or by the first real round before anything reads it."""
+  for _ in range(2):
+    for step in steps: step()
 
 # ***** generation *****
 
@@ -188,7 +189,7 @@ def read(t:Tensor, stats:Stats) -> list:
   return t.tolist()
 
 def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int=4, max_new_tokens:int=256,
-                         sampling:Sampling=Sampling(), seed:int=0, stop_at_eos:bool=True, on_token=None) -> tuple[list[int], Stats]:
+                         sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
   on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
   if draft.cfg.vocab_size != target.cfg.vocab_size:
@@ -196,27 +197,26 @@ def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
   check_context([target, draft], tokens, max_new_tokens, K)
   stats, key, params, V = Stats(K=K), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
-  target.prefill(tokens[:-1]); draft.prefill(tokens[:-1])
   draws = 0                                      # position in the run's random stream: K*V for the draft, K+V to verify
-  def draft_step(unseen:list[int]):              # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen yet
+  def draft_step(unseen:list[int], start_pos:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen yet
     return jitted(draft, propose, len(unseen), K=K, filtered=sampling.filtered)(draft,
-      Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(len(tokens) - len(unseen)), key, counter(draws), *params)
-  def verify_step(block:Tensor, p:Tensor):       # 2. q for all K+1 positions in one target pass, 3. accept / resample
-    q_logits = target(block, len(tokens) - 1)
+      Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(start_pos), key, counter(draws), *params)
+  def verify_step(block:Tensor, p:Tensor, start_pos:int):  # 2. q for all K+1 positions in one target pass, 3. accept/resample
+    q_logits = target(block, start_pos)
     return jitted(target, verify, K + 1, filtered=sampling.filtered)(q_logits, p, block, key, counter(draws + K*V), *params)
   t0 = time.perf_counter()
-  stats.t_target = time_target_decode(target, tokens)
-  if len(tokens) >= 2: warm(draft_step, tokens[-2:])  # the catch-up width, on the last two context tokens
-  warm(lambda: verify_step(*draft_step(tokens[-1:])))
+  warmup(lambda: draft_step(tokens[:1] * 2, 0), lambda: verify_step(*draft_step(tokens[:1], 0), 0))
+  stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
+  target.prefill(tokens[:-1]); draft.prefill(tokens[:-1])
 
   unseen, new = tokens[-1:], []                  # the draft has not consumed x_n yet
   start = time.perf_counter()
   while len(new) < max_new_tokens:
     t0 = time.perf_counter()
-    block, p = draft_step(unseen)                # block = [x_n, x~_1..x~_K], the draft cache rolled back to where unseen goes
+    block, p = draft_step(unseen, len(tokens) - len(unseen))  # [x_n, x~_1..x~_K]; the draft cache rolls back to where unseen go
     t1 = synchronize()
-    result = read(verify_step(block, p), stats)  # the round's one read back to the host; the target cache rolled back to n-1
+    result = read(verify_step(block, p, len(tokens) - 1), stats)  # the round's one read; the target cache rolls back to n-1
     t2 = time.perf_counter()
     draws += K*V + K + V
     accepted, token = int(result[0]), int(result[1])
@@ -230,7 +230,7 @@ def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int
       new.append(e["id"]); tokens.append(e["id"])
       stats.sources[e["source"]] = stats.sources.get(e["source"], 0) + 1
       if on_token: on_token(e)
-      if len(new) == max_new_tokens or (stop_at_eos and e["id"] == EOT): return new, stats.finish(start, len(new))
+      if len(new) == max_new_tokens or (e["id"] == eos): return new, stats.finish(start, len(new))
     # 4. the draft has consumed x_n, x~_1..x~_K-1; after a full accept it has yet to see x~_K, then the bonus token
     unseen = [drafted[-1], token] if accepted == K else [token]
   return new, stats.finish(start, len(new))
@@ -238,38 +238,37 @@ def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 def counter(draws:int) -> Tensor: return Tensor([draws & 0xffffffff, draws >> 32], dtype=dtypes.uint32)
 
-def time_target_decode(target:GPT2, tokens:list[int], reps:int=3) -> float:
-  """Seconds for one JIT-compiled one-token target decode (x_n at its own position: the cache entry it writes is
-  rewritten by the next pass anyway)."""
-  x = Tensor([tokens[-1:]], dtype=dtypes.int32)
-  warm(target, x, len(tokens) - 1)
+def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
+  """Seconds for one JIT-compiled one-token target decode, measured at position 0 before the prefill rewrites it."""
+  x = Tensor([[token]], dtype=dtypes.int32)
+  warmup(lambda: target(x, 0))
   t0 = synchronize()
-  for _ in range(reps): target(x, len(tokens) - 1)
+  for _ in range(reps): target(x, 0)
   return (synchronize() - t0) / reps
 
 def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
-                            seed:int=0, stop_at_eos:bool=True, on_token=None) -> tuple[list[int], Stats]:
+                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
   tokens = list(prompt_tokens) or [EOT]
   check_context([target], tokens, max_new_tokens, 1)
   stats, key, params, V = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
-  target.prefill(tokens[:-1])
-  def step():                                    # x_n+1 ~ q(x | x_1..x_n)
-    logits = target(Tensor([tokens[-1:]], dtype=dtypes.int32), len(tokens) - 1)
+  def step(token:int, start_pos:int):            # x_n+1 ~ q(x | x_1..x_n)
+    logits = target(Tensor([[token]], dtype=dtypes.int32), start_pos)
     return jitted(target, next_token, 1, filtered=sampling.filtered)(logits, key, counter(len(new) * V), *params)
   new: list[int] = []
   t0 = time.perf_counter()
-  stats.t_target = time_target_decode(target, tokens)
-  warm(step)
+  warmup(lambda: step(tokens[0], 0))
+  stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
+  target.prefill(tokens[:-1])
   start = time.perf_counter()
   while len(new) < max_new_tokens:
-    token, q = read(step(), stats)
+    token, q = read(step(tokens[-1], len(tokens) - 1), stats)
     new.append(int(token)); tokens.append(int(token))
     stats.rounds += 1
     stats.sources["target"] = stats.sources.get("target", 0) + 1
     if on_token: on_token(dict(id=int(token), source="target", index=0, q=q, p=None))
-    if stop_at_eos and token == EOT: break
+    if token == eos: break
   stats.finish(start, len(new))
   stats.time_verify = stats.time_total
   return new, stats
@@ -340,7 +339,7 @@ def main(argv=None) -> int:
   except (ValueError, OSError, models.CheckpointError) as e:
     print(f"spec.py: error: {e}", file=sys.stderr)
     return 2
-  common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_at_eos=not args.ignore_eos)
+  common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, eos=None if args.ignore_eos else EOT)
   trace = open(args.trace, "w") if args.trace else None
   stream = not args.json and trace is None
   color = stream and sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -1,0 +1,106 @@
+"""Shared fixtures: the offline data in ../shared/models, tiny random checkpoints, and an independent numpy GPT-2."""
+import json, os, pathlib, struct, sys
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "models"
+sys.path.insert(0, str(ROOT))
+if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+
+import models  # noqa: E402
+
+PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
+           "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
+           "In this tutorial we", "Modules can be imported", "The garbage collector", "Strings are immutable"]
+
+def shared_dir() -> pathlib.Path:
+  """../shared/models, or a skip on a user's clone without it; under CI its absence is a failure."""
+  if not (SHARED / "docs-target" / "model.safetensors").is_file():
+    if os.environ.get("CI") == "true": pytest.fail(f"{SHARED} is missing: CI must have ../shared beside the checkout")
+    pytest.skip(f"{SHARED} is not here")
+  return SHARED
+
+@pytest.fixture(scope="session")
+def docs_target(): return models.load(str(shared_dir() / "docs-target"))
+
+@pytest.fixture(scope="session")
+def docs_draft(): return models.load(str(shared_dir() / "docs-draft"))
+
+@pytest.fixture(scope="session")
+def enc():
+  shared_dir()
+  return models.tokenizer()
+
+# ***** tiny checkpoints in the Hugging Face layout *****
+
+def random_weights(cfg:dict, seed:int, scale:float=0.3) -> dict[str, np.ndarray]:
+  """GPT-2 weights as Hugging Face stores them: Conv1D kernels (in, out), the causal-mask buffers, no lm_head."""
+  rng, C, V = np.random.default_rng(seed), cfg["n_embd"], cfg["vocab_size"]
+  w = lambda *shape: (rng.standard_normal(shape) * scale).astype(np.float32)
+  out = {"wte.weight": w(V, C), "wpe.weight": w(cfg["n_positions"], C), "ln_f.weight": 1 + w(C), "ln_f.bias": w(C)}
+  for i in range(cfg["n_layer"]):
+    h = f"h.{i}."
+    out |= {h+"ln_1.weight": 1 + w(C), h+"ln_1.bias": w(C), h+"ln_2.weight": 1 + w(C), h+"ln_2.bias": w(C),
+            h+"attn.c_attn.weight": w(C, 3*C), h+"attn.c_attn.bias": w(3*C), h+"attn.c_proj.weight": w(C, C),
+            h+"attn.c_proj.bias": w(C), h+"mlp.c_fc.weight": w(C, 4*C), h+"mlp.c_fc.bias": w(4*C),
+            h+"mlp.c_proj.weight": w(4*C, C), h+"mlp.c_proj.bias": w(C),
+            h+"attn.bias": np.tril(np.ones((cfg["n_positions"],)*2, np.float32))[None, None]}
+  return out
+
+def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
+  header, offset, blobs = {}, 0, []
+  for k, v in tensors.items():
+    b = np.ascontiguousarray(v, np.float32).tobytes()
+    header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [offset, offset + len(b)]}
+    offset += len(b); blobs.append(b)
+  h = json.dumps(header).encode()
+  fn.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+def read_safetensors(fn:pathlib.Path) -> dict[str, np.ndarray]:
+  raw = fn.read_bytes()
+  n = struct.unpack("<Q", raw[:8])[0]
+  header = json.loads(raw[8:8+n])
+  return {k: np.frombuffer(raw[8+n+v["data_offsets"][0]:8+n+v["data_offsets"][1]], np.float32).reshape(v["shape"])
+          for k, v in header.items() if k != "__metadata__"}
+
+def write_checkpoint(path:pathlib.Path, cfg:dict, weights:dict[str, np.ndarray], prefixed:bool=False) -> pathlib.Path:
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "config.json").write_text(json.dumps({"model_type": "gpt2", "activation_function": "gelu_new",
+                                                "layer_norm_epsilon": 1e-5, **cfg}))
+  write_safetensors(path / "model.safetensors", {("transformer." if prefixed else "") + k: v for k, v in weights.items()})
+  return path
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=256)
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+  """A tiny random target, and drafts: a noisy copy of it (agrees often, not always) and an unrelated one."""
+  root = tmp_path_factory.mktemp("tiny")
+  target = random_weights(TINY, seed=1)
+  rng = np.random.default_rng(2)
+  noisy = {k: v + (rng.standard_normal(v.shape) * 0.15).astype(np.float32) if "attn.bias" not in k else v for k, v in target.items()}
+  write_checkpoint(root / "target", TINY, target)
+  write_checkpoint(root / "draft", TINY, noisy)
+  write_checkpoint(root / "other", TINY, random_weights(TINY, seed=3))
+  return root
+
+# ***** GPT-2 in numpy, from its definition (Radford et al. 2019; the Hugging Face Conv1D layout) *****
+
+def np_gpt2_logits(w:dict[str, np.ndarray], n_head:int, tokens:list[int], eps:float=1e-5) -> np.ndarray:
+  w = {k: v.astype(np.float64) for k, v in w.items()}
+  def layer_norm(x, g, b): return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * g + b
+  def gelu(x): return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+  T = len(tokens)
+  x = w["wte.weight"][tokens] + w["wpe.weight"][:T]
+  n_layer = sum(1 for k in w if k.endswith("ln_1.weight"))
+  for i in range(n_layer):
+    g = lambda name: w[f"h.{i}.{name}"]
+    h = layer_norm(x, g("ln_1.weight"), g("ln_1.bias")) @ g("attn.c_attn.weight") + g("attn.c_attn.bias")
+    q, k, v = (a.reshape(T, n_head, -1).transpose(1, 0, 2) for a in np.split(h, 3, axis=-1))
+    att = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + np.triu(np.full((T, T), -np.inf), 1)
+    att = np.exp(att - att.max(-1, keepdims=True)); att /= att.sum(-1, keepdims=True)
+    x = x + (att @ v).transpose(1, 0, 2).reshape(T, -1) @ g("attn.c_proj.weight") + g("attn.c_proj.bias")
+    h = gelu(layer_norm(x, g("ln_2.weight"), g("ln_2.bias")) @ g("mlp.c_fc.weight") + g("mlp.c_fc.bias"))
+    x = x + h @ g("mlp.c_proj.weight") + g("mlp.c_proj.bias")
+  return layer_norm(x, w["ln_f.weight"], w["ln_f.bias"]) @ w["wte.weight"].T

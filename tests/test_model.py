@@ -1,0 +1,119 @@
+"""The GPT-2 port: parity with an independent numpy GPT-2, KV cache and rollback, JIT, loading errors."""
+import json, pathlib, urllib.error
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+from tinygrad.codegen import to_program_cache
+import models
+from models import gpt2
+from conftest import TINY, np_gpt2_logits, random_weights, read_safetensors, shared_dir, write_checkpoint, write_safetensors
+
+def logits(model, tokens, start_pos=0) -> np.ndarray:
+  return model.forward(Tensor([tokens], dtype=dtypes.int32), start_pos).numpy()
+
+def assert_close(actual, expected, tol=1e-4):
+  """Agreement relative to the logit scale."""
+  err = np.abs(actual - expected).max() / np.abs(expected).max()
+  assert err < tol, f"max error {err:.2e} of the logit scale"
+
+@pytest.mark.parametrize("prefixed", [False, True], ids=["hf-original-keys", "transformer-prefixed-keys"])
+def test_parity_tiny_random(tmp_path, prefixed):
+  weights = random_weights(TINY, seed=11)
+  model = models.load(str(write_checkpoint(tmp_path / "ckpt", TINY, weights, prefixed)))
+  tokens = list(np.random.default_rng(0).integers(0, TINY["vocab_size"], 20))
+  assert_close(logits(model, tokens), np_gpt2_logits(weights, TINY["n_head"], tokens))
+
+@pytest.mark.parametrize("name", ["docs-target", "docs-draft"])
+def test_parity_shared_checkpoints(name, enc):
+  path = shared_dir() / name
+  model, cfg = models.load(str(path)), json.loads((path / "config.json").read_text())
+  tokens = enc.encode("The Python interpreter reads a dictionary of names and values.")
+  assert_close(logits(model, tokens), np_gpt2_logits(read_safetensors(path / "model.safetensors"), cfg["n_head"], tokens))
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir): return models.load(str(tiny_dir / "target"))
+
+def test_incremental_decode_equals_full_forward_and_rollback(tiny):
+  rng = np.random.default_rng(1)
+  tokens = [int(t) for t in rng.integers(0, 64, 24)]
+  full = logits(tiny, tokens)
+  tiny.prefill(tokens[:4])
+  steps = [tiny(Tensor([[t]], dtype=dtypes.int32), i).numpy()[0] for i, t in enumerate(tokens[4:], start=4)]
+  np.testing.assert_allclose(np.stack(steps), full[4:], atol=1e-4 * np.abs(full).max())
+  # roll back r positions and feed other tokens: the same as a fresh forward over the new sequence
+  for r in (1, 5, 12):
+    other = [int(t) for t in rng.integers(0, 64, r)]
+    new_seq = tokens[:-r] + other
+    got = [tiny(Tensor([[t]], dtype=dtypes.int32), i).numpy()[0] for i, t in enumerate(other, start=len(tokens) - r)]
+    np.testing.assert_allclose(np.stack(got), logits(tiny, new_seq)[-r:], atol=1e-4 * np.abs(full).max())
+    tiny.prefill(tokens)  # restore the original sequence for the next r
+
+@pytest.mark.parametrize("K", [1, 4, 8])
+def test_verify_pass_equals_single_steps(tiny, K):
+  rng = np.random.default_rng(K)
+  prefix, block = [int(t) for t in rng.integers(0, 64, 7)], [int(t) for t in rng.integers(0, 64, K + 1)]
+  tiny.prefill(prefix)
+  verify = tiny(Tensor([block], dtype=dtypes.int32), len(prefix)).numpy()
+  tiny.prefill(prefix)
+  steps = np.stack([tiny(Tensor([[t]], dtype=dtypes.int32), len(prefix) + i).numpy()[0] for i, t in enumerate(block)])
+  np.testing.assert_allclose(verify, steps, atol=1e-4 * np.abs(steps).max())
+
+def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
+  a, b = models.load(str(tiny_dir / "target")), models.load(str(tiny_dir / "other"))
+  toks = lambda n: Tensor([[3] * n], dtype=dtypes.int32)
+  for m in (a, b):
+    for _ in range(2): m(toks(1), 5), m(toks(5), 5)          # warm-up: the JIT captures on its second call
+  compiled = len(to_program_cache)
+  for pos in range(6, 60):
+    a(toks(1), pos).realize(); a(toks(5), pos + 1).realize(); b(toks(1), pos).realize()
+  assert len(to_program_cache) == compiled, "a decode or verify step compiled a kernel after warm-up"
+  # alternating calls: each instance answers with its own weights (its own JIT and cache)
+  seq = [int(t) for t in np.random.default_rng(5).integers(0, 64, 9)]
+  a.prefill(seq[:8]); b.prefill(seq[:8])
+  la, lb = a(Tensor([seq[8:]], dtype=dtypes.int32), 8).numpy(), b(Tensor([seq[8:]], dtype=dtypes.int32), 8).numpy()
+  np.testing.assert_allclose(la, logits(a, seq)[-1:], atol=1e-4 * np.abs(la).max())
+  np.testing.assert_allclose(lb, logits(b, seq)[-1:], atol=1e-4 * np.abs(lb).max())
+  assert not np.allclose(la, lb)
+  assert a.jits is not b.jits and a.jits[1] is not b.jits[1]
+
+def test_size_table_parameter_counts():
+  assert {k: round(c.n_params / 1e6) for k, c in models.CONFIGS.items()} == \
+    {"gpt2": 124, "gpt2-medium": 355, "gpt2-large": 774, "gpt2-xl": 1558}
+
+# ***** bad weights: one clear error naming the file and the problem *****
+
+@pytest.fixture
+def good(tmp_path): return write_checkpoint(tmp_path / "ckpt", TINY, random_weights(TINY, seed=4))
+
+def expect_error(path, *words):
+  with pytest.raises(models.CheckpointError) as e: models.load(str(path))
+  for w in words: assert w in str(e.value), str(e.value)
+
+def test_missing_directory(tmp_path): expect_error(tmp_path / "nope", "no such checkpoint directory")
+def test_unknown_model_name(): expect_error("gpt3", "unknown model 'gpt3'", "gpt2-xl")
+def test_missing_config(good): (good / "config.json").unlink(); expect_error(good, "config.json", "missing")
+def test_missing_weights_file(good): (good / "model.safetensors").unlink(); expect_error(good, "model.safetensors", "missing")
+
+def test_corrupt_config(good):
+  (good / "config.json").write_text("{not json"); expect_error(good, "config.json", "not valid JSON")
+
+def test_truncated_weights(good):
+  fn = good / "model.safetensors"
+  fn.write_bytes(fn.read_bytes()[:-1000]); expect_error(good, str(fn), "truncated")
+
+def test_garbage_weights(good):
+  fn = good / "model.safetensors"
+  fn.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00this is no json" + bytes(100)); expect_error(good, str(fn), "not a valid safetensors")
+
+def test_missing_key(good):
+  w = random_weights(TINY, seed=4); del w["h.1.mlp.c_fc.bias"]
+  write_safetensors(good / "model.safetensors", w); expect_error(good, "missing weight h.1.mlp.c_fc.bias")
+
+def test_wrong_shape(good):
+  w = random_weights(TINY, seed=4); w["h.0.attn.c_proj.weight"] = w["h.0.attn.c_proj.weight"][:16]
+  write_safetensors(good / "model.safetensors", w); expect_error(good, "h.0.attn.c_proj.weight", "shape")
+
+def test_name_while_offline_asks_for_a_local_directory(monkeypatch):
+  def offline(*a, **k): raise urllib.error.URLError("no network")
+  monkeypatch.setattr(gpt2, "fetch", offline)
+  expect_error("gpt2", "cannot download gpt2", "local checkpoint directory")
