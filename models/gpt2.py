@@ -94,11 +94,11 @@ class GPT2:
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
     jit = self.jits.setdefault(T, TinyJit(self.forward))
-    return jit(tokens, self.positions.bind(start_pos))
+    return jit(tokens.clone(), self.positions.bind(start_pos))  # a fresh buffer: one input layout, whoever made tokens
 
   def prefill(self, tokens:list[int]) -> None:
-    """Fill the cache with tokens at positions 0..len-1 (one pass, not JIT-compiled: prompts vary in length)."""
-    if tokens: self.forward(Tensor([tokens], dtype=dtypes.int32), 0).realize()
+    """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, like every width)."""
+    if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0).realize()
 
   @property
   def weight_bytes(self) -> int: return sum(t.nbytes() for k, t in get_state_dict(self).items() if "cache_kv" not in k)

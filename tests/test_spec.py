@@ -1,0 +1,173 @@
+"""Speculative generation on real and tiny models: greedy identity, statistics, stopping, round structure, fast path."""
+import math
+import numpy as np
+import pytest
+from tinygrad.codegen import to_program_cache
+from tinygrad import Tensor
+import models, spec
+from spec import Sampling, autoregressive_generate, speculative_generate
+from conftest import PROMPTS, TINY, random_weights, write_checkpoint
+
+# ***** greedy: token for token the target's greedy output *****
+
+_baselines: dict = {}
+def assert_greedy_identical(target, draft, prompt, K, n=200):
+  key = (id(target), tuple(prompt), n)
+  if key not in _baselines: _baselines[key] = autoregressive_generate(target, prompt, n, eos=None)[0]
+  base = _baselines[key]
+  got, stats = speculative_generate(target, draft, prompt, K, n, eos=None)
+  assert got == base, f"K={K}: first difference at {next(i for i, (a, b) in enumerate(zip(got, base)) if a != b)}"
+  return stats
+
+def test_greedy_identity_real_pair(docs_target, docs_draft, enc):
+  # every K on at least two prompts, ten prompts in all (all of K x prompts: the slow test below)
+  for i, prompt in enumerate(PROMPTS[:10]): assert_greedy_identical(docs_target, docs_draft, enc.encode(prompt), [1, 2, 4, 8][i % 4])
+
+@pytest.mark.slow
+@pytest.mark.parametrize("K", [1, 2, 4, 8])
+def test_greedy_identity_real_pair_all(docs_target, docs_draft, enc, K):
+  for prompt in PROMPTS: assert_greedy_identical(docs_target, docs_draft, enc.encode(prompt), K)
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir): return {name: models.load(str(tiny_dir / name)) for name in ("target", "draft", "other")}
+
+@pytest.mark.parametrize("K", [1, 2, 4, 8])
+def test_greedy_identity_tiny(tiny, K):
+  alphas = [assert_greedy_identical(tiny["target"], tiny[d], prompt, K).acceptance_rate
+            for d in ("draft", "other") for prompt in ([5, 9, 2], [40, 41, 42, 43])]
+  assert 0.01 < np.mean(alphas) < 0.95, alphas   # the drafts agree sometimes and disagree often
+
+def test_tiny_greedy_paths_vary(tiny):
+  paths = {tuple(autoregressive_generate(tiny["target"], p, 30, eos=None)[0]) for p in ([5, 9, 2], [17], [40, 41, 42, 43])}
+  assert len(paths) == 3 and all(len(set(p)) > 5 for p in paths)
+
+@pytest.fixture(scope="module")
+def target_twin(tiny_dir): return models.load(str(tiny_dir / "target"))  # same weights, its own instance and cache
+
+@pytest.mark.parametrize("K", [1, 3, 4])
+def test_draft_equal_to_target_accepts_everything(tiny, target_twin, K):
+  # alpha = 1 needs the bonus token (else rounds = n/K) and the draft's catch-up on x~_K after a full accept
+  # (else its cache misses x~_K and it drifts from the target)
+  stats = assert_greedy_identical(tiny["target"], target_twin, [5, 9, 2], K, n=100)
+  assert stats.acceptance_rate == 1.0 and stats.rounds == math.ceil(100 / (K + 1))
+  assert stats.sources["bonus"] == stats.rounds - (100 % (K + 1) != 0)
+
+def test_draft_that_always_disagrees(tiny, tiny_dir, tmp_path):
+  path, _ = autoregressive_generate(tiny["target"], [5, 9, 2], 200, eos=None)
+  never = next(t for t in range(TINY["vocab_size"]) if t not in path)
+  w = random_weights(TINY, seed=9)
+  w["ln_f.weight"][:] = 0                                 # every position's final hidden state is ln_f.bias ...
+  w["wte.weight"][never] = 100 * w["ln_f.bias"]           # ... so the draft's argmax is always `never`
+  draft = models.load(str(write_checkpoint(tmp_path / "contrary", TINY, w)))
+  stats = assert_greedy_identical(tiny["target"], draft, [5, 9, 2], 4)
+  assert stats.acceptance_rate == 0.0 and stats.rounds == 200
+
+# ***** stopping *****
+
+def test_exact_max_new_tokens(tiny, target_twin):
+  for n in (1, 2, 7, 13):
+    got, stats = speculative_generate(tiny["target"], target_twin, [5, 9, 2], 4, n, eos=None)
+    assert got == autoregressive_generate(tiny["target"], [5, 9, 2], n, eos=None)[0] and stats.new_tokens == n
+
+def test_eos_inside_an_accepted_block_ends_the_output(tiny, target_twin):
+  path, _ = autoregressive_generate(tiny["target"], [5, 9, 2], 60, eos=None)
+  # with draft = target every round keeps all K = 4; choose an EOS that first appears mid-block
+  i = next(i for i, t in enumerate(path) if i % 5 not in (4,) and t not in path[:i])
+  got, stats = speculative_generate(tiny["target"], target_twin, [5, 9, 2], 4, 60, eos=path[i])
+  assert got == path[:i + 1]
+  assert autoregressive_generate(tiny["target"], [5, 9, 2], 60, eos=path[i])[0] == got
+
+def test_empty_prompt_starts_after_endoftext(docs_target, docs_draft):
+  got, _ = speculative_generate(docs_target, docs_draft, [], 4, 20, eos=None)
+  assert got == autoregressive_generate(docs_target, [models.EOT], 20, eos=None)[0]
+
+# ***** the fast path: few host reads, nothing compiles after warm-up *****
+
+def test_host_syncs_per_round_and_no_compilation(docs_target, docs_draft, enc, monkeypatch):
+  prompt = enc.encode(PROMPTS[0])
+  for sampling in (Sampling(0.0), Sampling(0.8, 40, 0.9)):
+    speculative_generate(docs_target, docs_draft, prompt, 4, 8, sampling, eos=None)   # warm-up
+  reads, buffer = [], Tensor._buffer            # behind every read to the host: data(), tolist(), numpy(), item()
+  monkeypatch.setattr(Tensor, "_buffer", lambda self: reads.append(1) or buffer(self))
+  compiled = len(to_program_cache)
+  # other positions, temperatures, top-k / top-p values and acceptance counts: no new kernel
+  for sampling, seed in ((Sampling(0.0), 0), (Sampling(1.0, 20, 0.5), 1), (Sampling(0.6, 45, 0.95), 2)):
+    reads.clear()
+    _, stats = speculative_generate(docs_target, docs_draft, enc.encode(PROMPTS[1]), 4, 200, sampling, seed, eos=None)
+    assert len(reads) <= 2 * stats.rounds, f"{len(reads)} host reads in {stats.rounds} rounds"
+  assert len(to_program_cache) == compiled, "a 200-token run compiled kernels after warm-up"
+
+def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
+  prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
+  a, b, c = (speculative_generate(docs_target, docs_draft, prompt, 3, 30, s, seed)[0] for seed in (7, 7, 8))
+  assert a == b and a != c
+
+# ***** statistics: the first three tokens of speculative vs target-only sampling *****
+
+def chi2_sf(x:float, k:int) -> float:
+  """P(chi2_k > x): the regularized upper incomplete gamma Q(k/2, x/2) (series or continued fraction)."""
+  a, x = k / 2, x / 2
+  if x <= 0: return 1.0
+  front = math.exp(-x + a * math.log(x) - math.lgamma(a))
+  if x < a + 1:
+    term = total = 1 / a
+    for n in range(1, 1000):
+      term *= x / (a + n); total += term
+      if term < total * 1e-15: break
+    return 1 - front * total
+  b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
+  h = d
+  for i in range(1, 1000):
+    an, b = -i * (i - a), b + 2
+    d = 1 / (an * d + b or 1e-300); c = b + an / c or 1e-300; h *= d * c
+    if abs(d * c - 1) < 1e-15: break
+  return front * h
+
+def test_chi2_sf_known_values():
+  assert abs(chi2_sf(3.841459, 1) - 0.05) < 1e-6 and abs(chi2_sf(18.307038, 10) - 0.05) < 1e-6
+  assert abs(chi2_sf(2.0, 4) - 0.7357589) < 1e-6
+
+def homogeneity_p(a:list, b:list) -> float:
+  """Two-sample chi-square test of one token position; tokens seen < 10 times in all are pooled."""
+  cats = sorted(set(a) | set(b))
+  ca, cb = np.array([a.count(t) for t in cats]), np.array([b.count(t) for t in cats])
+  rare = ca + cb < 10
+  ca, cb = np.append(ca[~rare], ca[rare].sum()), np.append(cb[~rare], cb[rare].sum())
+  keep = ca + cb > 0
+  table = np.stack([ca[keep], cb[keep]])
+  if table.shape[1] < 2: return 1.0
+  expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+  return chi2_sf(float(((table - expected) ** 2 / expected).sum()), table.shape[1] - 1)
+
+def first_tokens(fn, n:int) -> list[tuple]: return [tuple(fn(seed)[0]) for seed in range(n)]
+
+def same_distribution(docs_target, docs_draft, prompt, sampling, n, K=2) -> float:
+  """The smallest p-value over the three positions, Bonferroni-corrected."""
+  spec_ = first_tokens(lambda s: speculative_generate(docs_target, docs_draft, prompt, K, 3, sampling, 10_000 + s, eos=None), n)
+  base = first_tokens(lambda s: autoregressive_generate(docs_target, prompt, 3, sampling, s, eos=None), n)
+  return min(3 * homogeneity_p([x[i] for x in spec_], [x[i] for x in base]) for i in range(3))
+
+# The prompt makes the first token uncertain (~10 likely tokens), so a biased sampler shows within a few hundred draws.
+STAT_PROMPT = "The"
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_k=50, top_p=0.9)], ids=["T1", "T0.7-topk-topp"])
+def test_statistically_the_target_distribution(docs_target, docs_draft, enc, sampling):
+  assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), sampling, 120) > 1e-3
+
+def lenient(factor):
+  """Negative control: acceptance min(1, factor q/p), i.e. r ~ U[0, 1/factor] (the seed's 'dumbed down' sampler)."""
+  acceptance = spec.acceptance
+  return lambda p, q, x: (acceptance(p, q, x) * factor).minimum(1)
+
+@pytest.mark.parametrize("factor,n", [(1e9, 120), pytest.param(2.0, 800, marks=pytest.mark.slow)], ids=["always-accept", "U0-0.5"])
+def test_statistical_test_detects_lenient_acceptance(docs_target, docs_draft, enc, monkeypatch, factor, n):
+  monkeypatch.setattr(spec, "acceptance", lenient(factor))
+  spec._jits.pop(docs_target, None)            # re-trace verify with the lenient rule
+  try: assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), Sampling(1.0), n) < 1e-3
+  finally: spec._jits.pop(docs_target, None)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7), Sampling(1.0, top_k=20), Sampling(1.0, top_p=0.8)],
+                         ids=["T1", "T0.7", "topk", "topp"])
+def test_statistically_the_target_distribution_large(docs_target, docs_draft, enc, sampling):
+  assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), sampling, 800, K=4) > 1e-3
