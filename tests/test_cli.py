@@ -1,0 +1,72 @@
+"""spec.py's command line: --help, --json, --trace, and bad input as one line on stderr with exit code 2."""
+import json, os, subprocess, sys
+import pytest
+import spec
+from conftest import ROOT, TINY, random_weights, shared_dir, write_checkpoint
+
+def pair() -> list[str]:
+  d = shared_dir()
+  return ["--target", str(d / "docs-target"), "--draft", str(d / "docs-draft")]
+
+def run(args, capsys) -> tuple[int, str, str]:
+  try: code = spec.main(args)
+  except SystemExit as e: code = e.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+def test_help_explains_every_flag():
+  out = subprocess.run([sys.executable, "spec.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 0
+  for flag in ("--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
+               "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights"):
+    assert flag in out.stdout
+  assert "default: gpt2-xl" in out.stdout and "default: 4" in out.stdout
+
+def test_json_with_compare(capsys):
+  code, out, _ = run(pair() + ["--prompt", "A dictionary is", "-n", "12", "--compare", "--json"], capsys)
+  assert code == 0
+  obj = json.loads(out)
+  assert set(obj) >= {"prompt_tokens", "tokens", "text", "stats", "baseline"}
+  assert len(obj["tokens"]) == 12 and obj["tokens"] == obj["baseline"]["tokens"]  # greedy: identical
+  for key in ("new_tokens", "rounds", "draft_passes", "drafted", "accepted", "acceptance_rate", "r_prime", "tokens_per_s",
+              "time_draft", "time_verify", "time_other", "t_draft", "t_target", "theoretical_speedup"):
+    assert key in obj["stats"], key
+
+def test_trace_lines(tmp_path, capsys):
+  trace = tmp_path / "trace.jsonl"
+  code, _, _ = run(pair() + ["--prompt", "The standard library", "-n", "10", "--temperature", "1", "--trace", str(trace)], capsys)
+  lines = [json.loads(l) for l in trace.read_text().splitlines()]
+  assert code == 0 and len(lines) == 10
+  for e in lines:
+    assert set(e) == {"id", "text", "source", "index", "q", "p"} and e["source"] in ("accepted", "resampled", "bonus")
+    assert 0 < e["q"] <= 1 and (e["p"] is None) == (e["source"] == "bonus")
+
+@pytest.mark.parametrize("args,words", [
+  (["-K", "0"], "K (lookahead) must be >= 1"),
+  (["-n", "0"], "max new tokens must be >= 1"),
+  (["--temperature", "-1"], "temperature must be >= 0"),
+  (["--top-k", "-3"], "top-k must be >= 0"),
+  (["--top-p", "0"], "top-p must be in (0, 1]"),
+  (["--top-p", "1.5"], "top-p must be in (0, 1]"),
+  (["-K", "four"], "invalid int value"),
+  (["--target", "gpt5"], "unknown model 'gpt5'"),
+  (["--target", "./no/such/dir"], "no such checkpoint directory"),
+])
+def test_bad_input_one_line_exit_2(args, words, capsys):
+  code, _, err = run(["--prompt", "x"] + args, capsys)
+  assert code == 2 and err.count("\n") == 1 and words in err, err
+
+def test_prompt_too_long(capsys):
+  code, _, err = run(pair() + ["--prompt", "word " * 600], capsys)
+  assert code == 2 and err.count("\n") == 1 and "exceeds the context of 512" in err
+
+def test_different_vocabularies(tmp_path, capsys):
+  small = dict(TINY, vocab_size=50)
+  draft = write_checkpoint(tmp_path / "small", small, random_weights(small, seed=1))
+  code, _, err = run(pair()[:2] + ["--draft", str(draft), "--prompt", "x"], capsys)
+  assert code == 2 and err.count("\n") == 1 and "vocabularies differ" in err
+
+def test_bad_input_from_a_real_process_has_no_traceback():
+  out = subprocess.run([sys.executable, "spec.py", "--top-p", "2"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "NO_COLOR": "1"})
+  assert out.returncode == 2 and out.stderr.strip() == "spec.py: error: top-p must be in (0, 1], got 2.0"
