@@ -107,8 +107,7 @@ def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, counter:Tensor, 
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   dist = residual(p, q)[n]                                                     # norm(max(0, q_n - p_n)), or the bonus q_K+1
   token = sample(dist, r[K:])
-  rows = Tensor.arange(K)
-  qx, px = q[rows, drafted], p[rows, drafted]
+  qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
 def next_token(logits:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
@@ -136,8 +135,7 @@ def warmup(*steps) -> None:
 class Stats:
   new_tokens: int = 0
   rounds: int = 0                 # target passes
-  draft_passes: int = 0
-  drafted: int = 0
+  drafted: int = 0                # = draft passes: each pass proposes one token
   accepted: int = 0
   host_syncs: int = 0
   time_draft: float = 0.0         # seconds, synchronized at phase boundaries
@@ -149,6 +147,8 @@ class Stats:
   K: int = 0
   sources: dict = field(default_factory=dict)  # emitted tokens by source: accepted / resampled / bonus / target
 
+  @property
+  def draft_passes(self) -> int: return self.drafted
   @property
   def acceptance_rate(self) -> float: return self.accepted / self.drafted if self.drafted else 0.0      # alpha
   @property
@@ -170,12 +170,16 @@ class Stats:
     return self
 
   def as_dict(self) -> dict:
-    props = ("acceptance_rate", "tokens_per_round", "r_prime", "tokens_per_s", "time_other", "theoretical_speedup")
+    props = ("draft_passes", "acceptance_rate", "tokens_per_round", "r_prime", "tokens_per_s", "time_other",
+             "theoretical_speedup")
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
-def check_context(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int):
+def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int):
+  """Bad requests fail here, before any work (with no models yet: only K and max_new_tokens)."""
   if K < 1: raise ValueError(f"K (lookahead) must be >= 1, got {K}")
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
+  if len({m.cfg.vocab_size for m in models_}) > 1:
+    raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
   context = min((m.cfg.n_positions for m in models_), default=None)
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
@@ -192,10 +196,8 @@ def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int
                          sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
   on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
-  if draft.cfg.vocab_size != target.cfg.vocab_size:
-    raise ValueError(f"draft and target vocabularies differ ({draft.cfg.vocab_size} vs {target.cfg.vocab_size})")
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  check_context([target, draft], tokens, max_new_tokens, K)
+  check([target, draft], tokens, max_new_tokens, K)
   stats, key, params, V = Stats(K=K), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
   draws = 0                                      # position in the run's random stream: K*V for the draft, K+V to verify
   def draft_step(unseen:list[int], start_pos:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen yet
@@ -205,7 +207,7 @@ def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int
     q_logits = target(block, start_pos)
     return jitted(target, verify, K + 1, filtered=sampling.filtered)(q_logits, p, block, key, counter(draws + K*V), *params)
   t0 = time.perf_counter()
-  if jitted(draft, propose, 1, K=K, filtered=sampling.filtered).captured is None:
+  if jitted(draft, propose, 1, K=K, filtered=sampling.filtered).captured is None:  # the steps are captured together
     warmup(lambda: draft_step(tokens[:1] * 2, 0), lambda: verify_step(*draft_step(tokens[:1], 0), 0))
   stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
@@ -225,7 +227,7 @@ def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int
     emitted = [dict(id=x, source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(drafted[:accepted])]
     emitted.append(dict(id=token, source="resampled" if accepted < K else "bonus", index=accepted, q=result[2],
                         p=result[3] if accepted < K else None))
-    stats.rounds += 1; stats.draft_passes += K; stats.drafted += K; stats.accepted += accepted
+    stats.rounds += 1; stats.drafted += K; stats.accepted += accepted
     stats.time_draft += t1 - t0; stats.time_verify += t2 - t1
     for e in emitted:
       new.append(e["id"]); tokens.append(e["id"])
@@ -251,7 +253,7 @@ def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens
                             seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
   tokens = list(prompt_tokens) or [EOT]
-  check_context([target], tokens, max_new_tokens, 1)
+  check([target], tokens, max_new_tokens, 1)
   stats, key, params, V = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
   def step(token:int, start_pos:int):            # x_n+1 ~ q(x | x_1..x_n)
     logits = target(Tensor([[token]], dtype=dtypes.int32), start_pos)
@@ -328,15 +330,13 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   try:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
-    check_context([], [], args.max_new_tokens, args.lookahead)
+    check([], [], args.max_new_tokens, args.lookahead)
     prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
     target = models.load(args.target, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
     draft = models.load(args.draft, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
-    if draft.cfg.vocab_size != target.cfg.vocab_size:
-      raise ValueError(f"draft and target vocabularies differ ({draft.cfg.vocab_size} vs {target.cfg.vocab_size})")
-    check_context([target, draft], prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
+    check([target, draft], prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
     print(f"spec.py: error: {e}", file=sys.stderr)
     return 2

@@ -100,12 +100,6 @@ class GPT2:
     """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, like every width)."""
     if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0).realize()
 
-  @property
-  def weight_bytes(self) -> int: return sum(t.nbytes() for k, t in get_state_dict(self).items() if "cache_kv" not in k)
-
-  @property
-  def cache_bytes(self) -> int: return sum(b.attn.cache_kv.nbytes() for b in self.h)
-
 # ***** loading *****
 
 def load(name_or_dir:str, half:bool=False, dummy:bool=False) -> GPT2:
