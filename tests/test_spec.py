@@ -159,7 +159,9 @@ def lenient(factor):
   acceptance = spec.acceptance
   return lambda p, q, x: (acceptance(p, q, x) * factor).minimum(1)
 
-@pytest.mark.parametrize("factor,n", [(1e9, 120), pytest.param(2.0, 800, marks=pytest.mark.slow)], ids=["always-accept", "U0-0.5"])
+CONTROLS = [(1e9, 120), (2.0, 1000)]   # (factor, samples): the fast control in CI, the seed's U[0, 0.5] one marked slow
+
+@pytest.mark.parametrize("factor,n", [CONTROLS[0], pytest.param(*CONTROLS[1], marks=pytest.mark.slow)], ids=["always-accept", "U0-0.5"])
 def test_statistical_test_detects_lenient_acceptance(docs_target, docs_draft, enc, monkeypatch, factor, n):
   monkeypatch.setattr(spec, "acceptance", lenient(factor))
   spec._jits.pop(docs_target, None)            # re-trace verify with the lenient rule
@@ -171,3 +173,18 @@ def test_statistical_test_detects_lenient_acceptance(docs_target, docs_draft, en
                          ids=["T1", "T0.7", "topk", "topp"])
 def test_statistically_the_target_distribution_large(docs_target, docs_draft, enc, sampling):
   assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), sampling, 800, K=4) > 1e-3
+
+def test_power_of_the_statistical_test(docs_target, docs_draft, enc):
+  """The controls' sample sizes detect their bias with probability >= 0.8: the first token's exact distribution under
+  each lenient rule, min(p, f q) + (1 - sum min(p, f q)) norm(max(0, q - p)), against q, through the same test
+  (position 1 alone: the test on three positions rejects at least as often)."""
+  prompt, rng = Tensor([enc.encode(STAT_PROMPT)]), np.random.default_rng(0)
+  q, p = (m.forward(prompt, 0)[-1].softmax().numpy().astype(np.float64) for m in (docs_target, docs_draft))
+  q, p = q / q.sum(), p / p.sum()
+  residual = np.maximum(q - p, 0) / np.maximum(q - p, 0).sum()
+  for factor, n in CONTROLS:
+    kept = np.minimum(p, factor * q)
+    biased = kept + (1 - kept.sum()) * residual
+    power = np.mean([3 * homogeneity_p(list(rng.choice(len(q), n, p=biased)), list(rng.choice(len(q), n, p=q))) < 1e-3
+                     for _ in range(200)])
+    assert power >= 0.8, f"factor {factor}, {n} samples: power {power}"
