@@ -110,6 +110,12 @@ def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, counter:Tensor, 
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
+def verify_lookup(q_logits:Tensor, block:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
+  """Step 3 for a deterministic draft (prompt lookup): p is one-hot on each proposed token, so x~_t is kept with
+  probability q(x~_t) and a rejection draws from norm(max(0, q - onehot(x~_t)))."""
+  p = (block[0, 1:].unsqueeze(-1) == Tensor.arange(q_logits.shape[-1])).float().contiguous()
+  return verify(q_logits, p, block, key, counter, temperature, top_k, top_p, filtered=filtered)
+
 def next_token(logits:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
   """The baseline's step: x ~ q(x | x_1..x_n) from the target's logits (1, V). Returns [token, q(token)]."""
   q = warp(logits, temperature, top_k, top_p, filtered)
@@ -129,58 +135,106 @@ def warmup(*steps) -> None:
   for _ in range(2):
     for step in steps: step()
 
+# ***** drafting without a model, and choosing K *****
+
+@dataclass(frozen=True)
+class PromptLookup:
+  """A draft without a model (prompt lookup): find the latest earlier occurrence of the context's last n tokens (n from
+  ngram_max down to ngram_min) and propose the K tokens that followed it. Its distribution is one-hot on the proposal."""
+  ngram_max: int = 3
+  ngram_min: int = 1
+
+  def __post_init__(self):
+    if not 1 <= self.ngram_min <= self.ngram_max: raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
+
+  def propose(self, tokens:list[int], K:int) -> list[int]:
+    """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end
+    runs into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
+    for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
+      suffix = tokens[-n:]
+      for start in range(len(tokens) - n - 1, -1, -1):               # most recent first, never the suffix itself
+        if tokens[start:start + n] == suffix:
+          extended = list(tokens)
+          for i in range(K): extended.append(extended[start + n + i])
+          return extended[len(tokens):]
+    return []
+
+LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
+
+def expected_tokens(alpha:float, K:int) -> float:
+  """E[tokens per round] when each drafted token is kept with probability alpha: (1 - alpha^(K+1)) / (1 - alpha)."""
+  return K + 1.0 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
+
+def choose_lookahead(alpha:float, round_seconds:dict[int, float]) -> int:
+  """-K auto: the K with the most expected tokens per second, E[tokens | K, alpha] / (seconds of a round with K)."""
+  return max(round_seconds, key=lambda K: expected_tokens(alpha, K) / round_seconds[K])
+
+class AcceptanceEstimate:
+  """A running alpha: every examined draft token is a Bernoulli trial (the ones after the first rejection are never
+  examined), so alpha = kept / (kept + rejected). Old rounds fade; the prior is one of each (alpha 0.5)."""
+  def __init__(self, decay:float=0.95): self.kept, self.rejected, self.decay = 1.0, 1.0, decay
+  def update(self, accepted:int, K:int):
+    self.kept, self.rejected = self.decay * self.kept + accepted, self.decay * self.rejected + (accepted < K)
+  @property
+  def alpha(self) -> float: return self.kept / (self.kept + self.rejected)
+
 # ***** generation *****
 
 @dataclass
 class Stats:
   new_tokens: int = 0
   rounds: int = 0                 # target passes
-  drafted: int = 0                # = draft passes: each pass proposes one token
+  drafted: int = 0                # = draft passes for a model draft: each pass proposes one token
   accepted: int = 0
   host_syncs: int = 0
   time_draft: float = 0.0         # seconds, synchronized at phase boundaries
   time_verify: float = 0.0
   time_total: float = 0.0
   t_target: float = 0.0           # one-token target decode, measured in this run
-  t_draft: float = 0.0            # one draft pass (with its sampling)
-  time_warmup: float = 0.0        # JIT capture and the t_target measurement, not in time_total
-  K: int = 0
-  sources: dict = field(default_factory=dict)  # emitted tokens by source: accepted / resampled / bonus / target
+  t_draft: float = 0.0            # one draft pass (with its sampling); for prompt lookup, the lookup per drafted token
+  time_warmup: float = 0.0        # JIT capture and cost measurements, not in time_total
+  K: int | str = 0                # the lookahead asked for: a number, or "auto"; 0 for the baseline
+  draft: str = ""                 # "model", "ngram", or "" for the baseline
+  lookaheads: dict = field(default_factory=dict)  # rounds by the number of tokens drafted in them
+  sources: dict = field(default_factory=dict)     # emitted tokens by source: accepted / resampled / bonus / target
 
   @property
-  def draft_passes(self) -> int: return self.drafted
+  def draft_passes(self) -> int: return self.drafted if self.draft == "model" else 0
   @property
   def acceptance_rate(self) -> float: return self.accepted / self.drafted if self.drafted else 0.0      # alpha
   @property
   def tokens_per_round(self) -> float: return self.new_tokens / self.rounds if self.rounds else 0.0
   @property
-  def r_prime(self) -> float: return self.tokens_per_round / (self.K + 1) if self.K else 1.0          # the seed's r'
+  def mean_lookahead(self) -> float: return self.drafted / self.rounds if self.rounds else 0.0
+  @property
+  def r_prime(self) -> float: return self.tokens_per_round / (self.mean_lookahead + 1)                 # the seed's r'
   @property
   def tokens_per_s(self) -> float: return self.new_tokens / self.time_total if self.time_total else 0.0
   @property
   def time_other(self) -> float: return self.time_total - self.time_draft - self.time_verify
   @property
   def theoretical_speedup(self) -> float:  # r'(K+1) t_target / (t_draft K + t_target), costs from this run
-    if not self.K or not self.t_target: return 1.0
-    return self.r_prime * (self.K + 1) * self.t_target / (self.t_draft * self.K + self.t_target)
+    if not self.draft or not self.t_target: return 1.0
+    K = self.mean_lookahead
+    return self.r_prime * (K + 1) * self.t_target / (self.t_draft * K + self.t_target)
 
   def finish(self, start:float, new_tokens:int) -> Stats:
     self.time_total, self.new_tokens = time.perf_counter() - start, new_tokens
-    if self.draft_passes: self.t_draft = self.time_draft / self.draft_passes
+    if self.drafted: self.t_draft = self.time_draft / self.drafted
     return self
 
   def as_dict(self) -> dict:
-    props = ("draft_passes", "acceptance_rate", "tokens_per_round", "r_prime", "tokens_per_s", "time_other",
-             "theoretical_speedup")
+    props = ("draft_passes", "acceptance_rate", "tokens_per_round", "mean_lookahead", "r_prime", "tokens_per_s",
+             "time_other", "theoretical_speedup")
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
-def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int):
+def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str):
   """Bad requests fail here, before any work (with no models yet: only K and max_new_tokens)."""
-  if K < 1: raise ValueError(f"K (lookahead) must be >= 1, got {K}")
+  if K != "auto" and not (isinstance(K, int) and K >= 1): raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
   if len({m.cfg.vocab_size for m in models_}) > 1:
     raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
-  context = min((m.cfg.n_positions for m in models_), default=None)
+  context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
 
@@ -192,54 +246,106 @@ def read(t:Tensor, stats:Stats) -> list:
   stats.host_syncs += 1
   return t.tolist()
 
-def speculative_generate(target:GPT2, draft:GPT2, prompt_tokens:list[int], K:int=4, max_new_tokens:int=256,
+class Output:
+  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
+  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
+    self.tokens, self.new, self.max_new_tokens, self.eos, self.on_token, self.stats = prompt_tokens, [], max_new_tokens, eos, on_token, stats
+    self.done = False
+
+  def emit(self, events:list[dict]) -> None:
+    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is dropped)."""
+    for e in events:
+      self.new.append(e["id"]); self.tokens.append(e["id"])
+      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
+      if self.on_token: self.on_token(e)
+      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
+        self.done = True
+        return
+
+def round_events(result:list[float], K:int) -> list[dict]:
+  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled or bonus token."""
+  accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
+  events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
+  return events + [dict(id=token, source="resampled" if accepted < K else "bonus", index=accepted, q=result[2],
+                        p=result[3] if accepted < K else None)]
+
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4, max_new_tokens:int=256,
                          sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
+  draft: a GPT2 or a PromptLookup. K: the lookahead, or "auto" to choose it each round from LOOKAHEADS by measured costs.
   on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  check([target, draft], tokens, max_new_tokens, K)
-  stats, key, params, V = Stats(K=K), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
-  draws = 0                                      # position in the run's random stream: K*V for the draft, K+V to verify
-  def draft_step(unseen:list[int], start_pos:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen yet
-    return jitted(draft, propose, len(unseen), K=K, filtered=sampling.filtered)(draft,
+  lookup = isinstance(draft, PromptLookup)
+  check([target] if lookup else [target, draft], tokens, max_new_tokens, K)
+  stats = Stats(K=K, draft="ngram" if lookup else "model")
+  key, params, V, filtered = seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size, sampling.filtered
+  lookaheads = LOOKAHEADS if K == "auto" else (K,)
+  draws = 0                                      # position in the run's random stream
+
+  def draft_step(unseen:list[int], start_pos:int, K:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen
+    return jitted(draft, propose, len(unseen), K=K, filtered=filtered)(draft,
       Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(start_pos), key, counter(draws), *params)
-  def verify_step(block:Tensor, p:Tensor, start_pos:int):  # 2. q for all K+1 positions in one target pass, 3. accept/resample
-    q_logits = target(block, start_pos)
-    return jitted(target, verify, K + 1, filtered=sampling.filtered)(q_logits, p, block, key, counter(draws + K*V), *params)
+  def verify_step(block:Tensor, p:Tensor|None, start_pos:int):  # 2. q at all K+1 positions in one target pass, 3. accept
+    q_logits, K = target(block, start_pos), block.shape[1] - 1
+    if p is None: return jitted(target, verify_lookup, K + 1, filtered=filtered)(q_logits, block, key, counter(draws), *params)
+    return jitted(target, verify, K + 1, filtered=filtered)(q_logits, p, block, key, counter(draws + K*V), *params)
+  def lookup_block(guess:list[int]) -> Tensor: return Tensor([tokens[-1:] + guess], dtype=dtypes.int32)
+
+  def warmup_round(k:int):                       # one round at position 0, before the prefill overwrites it
+    if lookup: return verify_step(lookup_block([tokens[0]] * k), None, 0)
+    return verify_step(*draft_step(tokens[:1], 0, k), 0)
+
   t0 = time.perf_counter()
-  if jitted(draft, propose, 1, K=K, filtered=sampling.filtered).captured is None:  # the steps are captured together
-    warmup(lambda: draft_step(tokens[:1] * 2, 0), lambda: verify_step(*draft_step(tokens[:1], 0), 0))
+  if lookup:   # a proposal has k tokens or none: a round without a match is the baseline's step
+    for k in lookaheads:
+      if jitted(target, verify_lookup, k + 1, filtered=filtered).captured is None: warmup(lambda: warmup_round(k))
+    warmup(lambda: target_step(target, tokens[0], 0, key, counter(0), params, filtered))
+  else:
+    for k in lookaheads:
+      if jitted(draft, propose, 1, K=k, filtered=filtered).captured is None:  # the two steps are captured together
+        warmup(lambda: draft_step(tokens[:1] * 2, 0, k), lambda: warmup_round(k))
+  round_seconds = {k: best_seconds(lambda: read(warmup_round(k), Stats())) for k in lookaheads} if K == "auto" else {}
   stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
-  target.prefill(tokens[:-1]); draft.prefill(tokens[:-1])
+  target.prefill(tokens[:-1])
+  if not lookup: draft.prefill(tokens[:-1])
 
-  unseen, new = tokens[-1:], []                  # the draft has not consumed x_n yet
+  out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
+  unseen = tokens[-1:]                           # what the draft model has not consumed yet: x_n
   start = time.perf_counter()
-  while len(new) < max_new_tokens:
+  while not out.done:
+    k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
     t0 = time.perf_counter()
-    block, p = draft_step(unseen, len(tokens) - len(unseen))  # [x_n, x~_1..x~_K]; the draft cache rolls back to where unseen go
+    if lookup:                                   # 1. the proposal: k tokens copied from the context, or none
+      guess = draft.propose(tokens, k)
+      block, p, k = lookup_block(guess) if guess else None, None, len(guess)
+    else: block, p = draft_step(unseen, len(tokens) - len(unseen), k)  # the draft cache rolls back to where unseen go
     t1 = synchronize()
-    result = read(verify_step(block, p, len(tokens) - 1), stats)  # the round's one read; the target cache rolls back to n-1
+    if k == 0:                                   # nothing to verify: the round is one step of the target alone
+      token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, counter(draws), params, filtered), stats)
+      events, draws = [dict(id=int(token), source="target", index=0, q=q, p=None)], draws + V
+    else:                                        # 2., 3.: the round's one read; the target cache rolls back to n-1
+      result = read(verify_step(block, p, len(tokens) - 1), stats)
+      events, draws = round_events(result, k), draws + (0 if lookup else k*V) + k + V
+      alpha.update(int(result[0]), k)
+      # 4. the draft has consumed x_n, x~_1..x~_k-1; after a full accept it has yet to see x~_k, then the bonus token
+      unseen = [int(result[3 + k]), events[-1]["id"]] if int(result[0]) == k else [events[-1]["id"]]
     t2 = time.perf_counter()
-    draws += K*V + K + V
-    accepted, token = int(result[0]), int(result[1])
-    drafted, qx, px = [int(x) for x in result[4:4+K]], result[4+K:4+2*K], result[4+2*K:]
-    emitted = [dict(id=x, source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(drafted[:accepted])]
-    emitted.append(dict(id=token, source="resampled" if accepted < K else "bonus", index=accepted, q=result[2],
-                        p=result[3] if accepted < K else None))
-    stats.rounds += 1; stats.drafted += K; stats.accepted += accepted
+    if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow what rounds take
+    stats.rounds += 1; stats.drafted += k; stats.accepted += len(events) - 1
+    stats.lookaheads[k] = stats.lookaheads.get(k, 0) + 1
     stats.time_draft += t1 - t0; stats.time_verify += t2 - t1
-    for e in emitted:
-      new.append(e["id"]); tokens.append(e["id"])
-      stats.sources[e["source"]] = stats.sources.get(e["source"], 0) + 1
-      if on_token: on_token(e)
-      if len(new) == max_new_tokens or (e["id"] == eos): return new, stats.finish(start, len(new))
-    # 4. the draft has consumed x_n, x~_1..x~_K-1; after a full accept it has yet to see x~_K, then the bonus token
-    unseen = [drafted[-1], token] if accepted == K else [token]
-  return new, stats.finish(start, len(new))
+    out.emit(events)
+  return out.new, stats.finish(start, len(out.new))
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 def counter(draws:int) -> Tensor: return Tensor([draws & 0xffffffff, draws >> 32], dtype=dtypes.uint32)
+
+def best_seconds(fn, reps:int=3) -> float:
+  best = float("inf")
+  for _ in range(reps):
+    t0 = synchronize(); fn(); best = min(best, synchronize() - t0)
+  return best
 
 def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
   """Seconds for one JIT-compiled one-token target decode, measured at position 0 before the prefill rewrites it."""
@@ -249,32 +355,32 @@ def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
   for _ in range(reps): target(x, 0)
   return (synchronize() - t0) / reps
 
+def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, counter_:Tensor, params, filtered:bool) -> Tensor:
+  """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw, [token, q(token)] on the device."""
+  logits = target(Tensor([[token]], dtype=dtypes.int32), start_pos)
+  return jitted(target, next_token, 1, filtered=filtered)(logits, key, counter_, *params)
+
 def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
                             seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
   tokens = list(prompt_tokens) or [EOT]
   check([target], tokens, max_new_tokens, 1)
   stats, key, params, V = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
-  def step(token:int, start_pos:int):            # x_n+1 ~ q(x | x_1..x_n)
-    logits = target(Tensor([[token]], dtype=dtypes.int32), start_pos)
-    return jitted(target, next_token, 1, filtered=sampling.filtered)(logits, key, counter(len(new) * V), *params)
-  new: list[int] = []
+  step = lambda token, start_pos, draws: target_step(target, token, start_pos, key, counter(draws), params, sampling.filtered)
   t0 = time.perf_counter()
-  if jitted(target, next_token, 1, filtered=sampling.filtered).captured is None: warmup(lambda: step(tokens[0], 0))
+  if jitted(target, next_token, 1, filtered=sampling.filtered).captured is None: warmup(lambda: step(tokens[0], 0, 0))
   stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
   target.prefill(tokens[:-1])
+  out = Output(tokens, max_new_tokens, eos, on_token, stats)
   start = time.perf_counter()
-  while len(new) < max_new_tokens:
-    token, q = read(step(tokens[-1], len(tokens) - 1), stats)
-    new.append(int(token)); tokens.append(int(token))
+  while not out.done:
+    token, q = read(step(tokens[-1], len(tokens) - 1, len(out.new) * V), stats)
     stats.rounds += 1
-    stats.sources["target"] = stats.sources.get("target", 0) + 1
-    if on_token: on_token(dict(id=int(token), source="target", index=0, q=q, p=None))
-    if token == eos: break
-  stats.finish(start, len(new))
+    out.emit([dict(id=int(token), source="target", index=0, q=q, p=None)])
+  stats.finish(start, len(out.new))
   stats.time_verify = stats.time_total
-  return new, stats
+  return out.new, stats
 
 # ***** command line *****
 
@@ -291,8 +397,11 @@ class Printer:
 def summary(stats:Stats) -> str:
   s = (f"{stats.new_tokens} tokens in {stats.time_total:.2f} s ({stats.tokens_per_s:.1f} tokens/s), {stats.rounds} target passes")
   if not stats.K: return s
-  return s + (f", {stats.draft_passes} draft passes\n"
-    f"  K={stats.K}: accepted {stats.accepted}/{stats.drafted} drafted (alpha {stats.acceptance_rate:.3f}), "
+  drafts = f"{stats.draft_passes} draft passes" if stats.draft == "model" else "prompt lookup, no draft model"
+  shown = "" if stats.K != "auto" and stats.draft == "model" else \
+    " (rounds by tokens drafted: " + ", ".join(f"{k}: {n}" for k, n in sorted(stats.lookaheads.items())) + ")"
+  return s + (f", {drafts}\n"
+    f"  K={stats.K}{shown}: accepted {stats.accepted}/{stats.drafted} drafted (alpha {stats.acceptance_rate:.3f}), "
     f"{stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
     f"  time: draft {stats.time_draft:.2f} s, verify {stats.time_verify:.2f} s, other {stats.time_other:.2f} s; "
     f"t_draft {stats.t_draft*1e3:.1f} ms, t_target {stats.t_target*1e3:.1f} ms\n"
@@ -303,6 +412,11 @@ class ArgumentParser(argparse.ArgumentParser):
     print(f"{self.prog}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
+def lookahead(text:str) -> int|str:
+  if text == "auto": return text
+  try: return int(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"invalid lookahead {text!r}: a number or 'auto'") from None
+
 def parse_args(argv=None):
   ap = ArgumentParser(prog="spec.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     description="Exact speculative sampling with two GPT-2 models: the draft proposes K tokens, the target verifies them "
@@ -312,8 +426,12 @@ def parse_args(argv=None):
   src.add_argument("--prompt-file", help="read the prompt from this file instead")
   ap.add_argument("--target", default="gpt2-xl", help="target model: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
                   "Hugging Face checkpoint directory (config.json + model.safetensors)")
-  ap.add_argument("--draft", default="gpt2", help="draft model, named as --target")
-  ap.add_argument("-K", "--lookahead", type=int, default=4, help="tokens the draft proposes per round")
+  ap.add_argument("--draft", default="gpt2", help="draft model, named as --target; or 'ngram': no draft model, propose "
+                  "what followed the latest earlier occurrence of the context's last tokens (prompt lookup)")
+  ap.add_argument("--ngram-max", type=int, default=3, help="--draft ngram: the longest suffix to look up")
+  ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
+  ap.add_argument("-K", "--lookahead", type=lookahead, default=4, help="tokens the draft proposes per round; 'auto' "
+                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the running acceptance")
   ap.add_argument("-n", "--max-new-tokens", type=int, default=256, help="new tokens to generate")
   ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the target's exact greedy output)")
   ap.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 keeps all")
@@ -332,11 +450,12 @@ def main(argv=None) -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     check([], [], args.max_new_tokens, args.lookahead)
     prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
+    draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
     target = models.load(args.target, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
-    draft = models.load(args.draft, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
-    check([target, draft], prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
+    if args.draft != "ngram": draft = models.load(args.draft, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
+    check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
     print(f"spec.py: error: {e}", file=sys.stderr)
     return 2

@@ -18,7 +18,8 @@ def test_help_explains_every_flag():
   out = subprocess.run([sys.executable, "spec.py", "--help"], cwd=ROOT, capture_output=True, text=True)
   assert out.returncode == 0
   for flag in ("--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
-               "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights"):
+               "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
+               "--ngram-max", "--ngram-min", "auto"):
     assert flag in out.stdout
   assert "default: gpt2-xl" in out.stdout and "default: 4" in out.stdout
 
@@ -31,6 +32,14 @@ def test_json_with_compare(capsys):
   for key in ("new_tokens", "rounds", "draft_passes", "drafted", "accepted", "acceptance_rate", "r_prime", "tokens_per_s",
               "time_draft", "time_verify", "time_other", "t_draft", "t_target", "theoretical_speedup"):
     assert key in obj["stats"], key
+
+def test_prompt_lookup_with_auto_lookahead(capsys):
+  code, out, _ = run(pair()[:2] + ["--draft", "ngram", "-K", "auto", "--prompt", "A list is a list. A list is", "-n", "16",
+                                   "--compare", "--json"], capsys)
+  obj = json.loads(out)
+  assert code == 0 and obj["tokens"] == obj["baseline"]["tokens"]
+  assert obj["stats"]["draft"] == "ngram" and obj["stats"]["K"] == "auto" and obj["stats"]["draft_passes"] == 0
+  assert sum(obj["stats"]["lookaheads"].values()) == obj["stats"]["rounds"]
 
 def test_trace_lines(tmp_path, capsys):
   trace = tmp_path / "trace.jsonl"
@@ -48,7 +57,9 @@ def test_trace_lines(tmp_path, capsys):
   (["--top-k", "-3"], "top-k must be >= 0"),
   (["--top-p", "0"], "top-p must be in (0, 1]"),
   (["--top-p", "1.5"], "top-p must be in (0, 1]"),
-  (["-K", "four"], "invalid int value"),
+  (["-K", "four"], "invalid lookahead 'four'"),
+  (["--draft", "ngram", "--ngram-min", "0"], "need 1 <= ngram-min <= ngram-max"),
+  (["--draft", "ngram", "--ngram-max", "2", "--ngram-min", "3"], "need 1 <= ngram-min <= ngram-max"),
   (["--target", "gpt5"], "unknown model 'gpt5'"),
   (["--target", "./no/such/dir"], "no such checkpoint directory"),
 ])

@@ -67,9 +67,13 @@ def round_distribution(p, q, K:int, V:int, prefix=(0,)) -> dict[tuple, float]:
       if n < K: kept *= a[n]
   return out
 
-@pytest.mark.parametrize("K,V", [(2, 3), (3, 3), (2, 4)])
-def test_round_emits_the_target_distribution(K, V):
-  p, q = toy_model(V, seed=1, sharp=1.0), toy_model(V, seed=2, sharp=1.5)
+def toy_lookup(V:int):
+  """A deterministic draft, as prompt lookup is: one-hot on a token that depends on the prefix."""
+  return lambda prefix: np.eye(V)[hash(prefix) % V]
+
+@pytest.mark.parametrize("K,V,draft", [(2, 3, "model"), (3, 3, "model"), (2, 4, "model"), (2, 3, "one-hot"), (3, 4, "one-hot")])
+def test_round_emits_the_target_distribution(K, V, draft):
+  p, q = toy_model(V, seed=1, sharp=1.0) if draft == "model" else toy_lookup(V), toy_model(V, seed=2, sharp=1.5)
   blocks, prefix = round_distribution(p, q, K, V), (0,)
   # extend every block to K+1 tokens with the target itself: the joint must be the target's joint
   joint = {}
@@ -106,3 +110,19 @@ def test_verify_rejects_a_token_the_target_never_emits_and_resamples_from_the_re
   for seed in range(5):
     n, token = run_verify(p, q, [1, 2], seed)
     assert n == 0 and token in (0, 2)            # residual max(0, q - p) is supported on {0, 2}
+
+def test_verify_lookup_is_verify_with_a_one_hot_draft():
+  # the same random stream, so the same decisions: verify_lookup builds p = onehot(x~) from the block, nothing else
+  rng, K, V = np.random.default_rng(3), 3, 6
+  temperature, top_k, top_p = spec.Sampling(1.0).tensors(V)
+  for seed in range(10):
+    q = rng.random((K + 1, V)) ** 3
+    drafted = [int(x) for x in rng.integers(0, V, K)]
+    if seed % 2: q[0] = np.eye(V)[drafted[0]]                  # certain to be kept
+    else: q[0, drafted[0]] = 0.0                               # certain to be rejected
+    with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q / q.sum(1, keepdims=True)).astype(np.float32))
+    block = Tensor([[0] + drafted], dtype=dtypes.int32)
+    args = (block, spec.seed_key(seed), spec.counter(0), temperature, top_k, top_p)
+    looked_up = spec.verify_lookup(q_logits, *args, filtered=False).tolist()
+    assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, filtered=False).tolist()
+    assert (looked_up[0] == 0) == (seed % 2 == 0) and looked_up[4:4+K] == drafted

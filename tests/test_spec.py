@@ -5,7 +5,7 @@ import pytest
 from tinygrad.codegen import to_program_cache
 from tinygrad import Tensor
 import models, spec
-from spec import Sampling, autoregressive_generate, speculative_generate
+from spec import PromptLookup, Sampling, autoregressive_generate, speculative_generate
 from conftest import PROMPTS, TINY, random_weights, write_checkpoint
 
 # ***** greedy: token for token the target's greedy output *****
@@ -188,3 +188,53 @@ def test_power_of_the_statistical_test(docs_target, docs_draft, enc):
     power = np.mean([3 * homogeneity_p(list(rng.choice(len(q), n, p=biased)), list(rng.choice(len(q), n, p=q))) < 1e-3
                      for _ in range(200)])
     assert power >= 0.8, f"factor {factor}, {n} samples: power {power}"
+
+# ***** prompt lookup (--draft ngram) and -K auto *****
+
+def test_prompt_lookup_proposals():
+  look = PromptLookup(ngram_max=3, ngram_min=1)
+  assert look.propose([7, 1, 2, 3, 9, 9, 5, 1, 2, 3], 2) == [9, 9]            # the longest suffix first (3 tokens)
+  assert look.propose([1, 2, 8, 4, 1, 2, 6, 5, 2], 2) == [6, 5]               # the most recent occurrence of [2]
+  assert look.propose([4, 5, 6, 7], 3) == []                                  # no earlier occurrence at all
+  assert PromptLookup(3, 2).propose([1, 2, 8, 3, 2], 2) == []                 # [2] alone is shorter than ngram_min
+  assert look.propose([1, 2, 3, 1, 2], 4) == [3, 1, 2, 3]                     # runs on into the repetition it found
+  assert look.propose([5, 0, 0], 3) == [0, 0, 0]
+  with pytest.raises(ValueError): PromptLookup(2, 3)
+
+REPEATED = "A dictionary is a mapping. A dictionary is a mapping. A dictionary is"
+
+@pytest.mark.parametrize("K", [1, 4, "auto"])
+def test_prompt_lookup_greedy_identity(docs_target, enc, K):
+  for prompt in (REPEATED, PROMPTS[0], PROMPTS[3]):
+    stats = assert_greedy_identical(docs_target, PromptLookup(), enc.encode(prompt), K, n=100)
+    assert stats.draft_passes == 0 and stats.drafted == sum(k * n for k, n in stats.lookaheads.items())
+
+def test_prompt_lookup_accepts_most_of_a_repeated_block(docs_target, enc):
+  _, stats = speculative_generate(docs_target, PromptLookup(), enc.encode(REPEATED), 4, 64, eos=None)
+  assert stats.acceptance_rate > 0.5 and stats.tokens_per_round > 2, stats
+
+def test_prompt_lookup_without_a_match_is_one_target_step(tiny):
+  # a prompt of one token: nothing to look up until the output repeats; those rounds are single target steps
+  got, stats = speculative_generate(tiny["target"], PromptLookup(), [17], 4, 30, eos=None)
+  assert got == autoregressive_generate(tiny["target"], [17], 30, eos=None)[0]
+  assert stats.lookaheads[0] == stats.sources["target"] >= 1 and set(stats.lookaheads) <= {0, 4}
+
+def test_choose_lookahead_on_synthetic_costs():
+  cheap_draft = {K: 1.0 + 0.05 * K for K in spec.LOOKAHEADS}    # a draft step costs 5% of a verify pass
+  assert spec.choose_lookahead(0.99, cheap_draft) == 8 and spec.choose_lookahead(0.01, cheap_draft) == 1
+  assert spec.choose_lookahead(0.8, cheap_draft) in (4, 8)
+  dear_draft = {K: 1.0 + 0.9 * K for K in spec.LOOKAHEADS}      # drafting costs almost as much as verifying
+  assert spec.choose_lookahead(0.8, dear_draft) == 1
+  assert spec.expected_tokens(1.0, 4) == 5 and abs(spec.expected_tokens(0.5, 2) - 1.75) < 1e-12
+
+def test_acceptance_estimate_counts_examined_tokens():
+  est = spec.AcceptanceEstimate(decay=1.0)
+  for _ in range(100): est.update(3, 4)          # 3 kept, then a rejection: alpha 3/4 whatever K is
+  assert abs(est.alpha - 301 / 402) < 1e-12
+  for _ in range(100): est.update(8, 8)          # all kept: no rejection observed
+  assert est.alpha > 0.86
+
+def test_auto_lookahead_greedy_identity_and_report(docs_target, docs_draft, enc):
+  stats = assert_greedy_identical(docs_target, docs_draft, enc.encode(PROMPTS[4]), "auto", n=100)
+  assert stats.K == "auto" and set(stats.lookaheads) <= set(spec.LOOKAHEADS)
+  assert sum(stats.lookaheads.values()) == stats.rounds and stats.drafted == sum(k * n for k, n in stats.lookaheads.items())
