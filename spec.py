@@ -234,6 +234,9 @@ def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
   if len({m.cfg.vocab_size for m in models_}) > 1:
     raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
+  vocab = min((m.cfg.vocab_size for m in models_), default=None)
+  if vocab is not None and max(prompt_tokens) >= vocab:
+    raise ValueError(f"prompt token {max(prompt_tokens)} is outside the models' vocabulary of {vocab} (another tokenizer?)")
   context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")

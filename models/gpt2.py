@@ -158,9 +158,8 @@ def _randomize(model:GPT2) -> GPT2:
   """Random weights of the right shapes and GPT-2-like scale (no download): for benchmarks anywhere."""
   for k, t in get_state_dict(model).items():
     if "cache_kv" in k: continue
-    if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")): t.assign(Tensor.ones(*t.shape, dtype=t.dtype))
-    else: t.assign(Tensor.normal(*t.shape, std=0.02, dtype=t.dtype))
-  Tensor.realize(*get_state_dict(model).values())
+    if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")): t.assign(Tensor.ones(*t.shape, dtype=t.dtype)).realize()
+    else: t.assign(Tensor.normal(*t.shape, std=0.02, dtype=t.dtype)).realize()  # one at a time: no peak of temporaries
   return model
 
 def tokenizer():

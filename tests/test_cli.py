@@ -1,7 +1,8 @@
 """spec.py's command line: --help, --json, --trace, and bad input as one line on stderr with exit code 2."""
 import json, os, subprocess, sys
+import numpy as np
 import pytest
-import spec
+import models, spec
 from conftest import ROOT, TINY, random_weights, shared_dir, write_checkpoint
 
 def pair() -> list[str]:
@@ -81,3 +82,19 @@ def test_bad_input_from_a_real_process_has_no_traceback():
   out = subprocess.run([sys.executable, "spec.py", "--top-p", "2"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "NO_COLOR": "1"})
   assert out.returncode == 2 and out.stderr.strip() == "spec.py: error: top-p must be in (0, 1], got 2.0"
+
+def test_prompt_outside_the_vocabulary(tmp_path, capsys):
+  ckpt = str(write_checkpoint(tmp_path / "tiny", TINY, random_weights(TINY, seed=1)))   # 64 tokens; "x" is GPT-2's 87
+  code, _, err = run(["--target", ckpt, "--draft", ckpt, "--prompt", "x"], capsys)
+  assert code == 2 and err.count("\n") == 1 and "outside the models' vocabulary of 64" in err
+
+def test_dummy_weights_say_so(capsys):
+  code, out, err = run(pair() + ["--dummy-weights", "--prompt", "x", "-n", "4", "--json"], capsys)
+  obj = json.loads(out)
+  assert code == 0 and obj["dummy_weights"] is True and len(obj["tokens"]) == 4 and "random weights" in err
+
+def test_dummy_weights_are_random_with_the_checkpoints_shapes(tmp_path):
+  ckpt = write_checkpoint(tmp_path / "tiny", TINY, random_weights(TINY, seed=1))
+  real, dummy = models.load(str(ckpt)), models.load(str(ckpt), dummy=True)
+  w, d = real.h[0].mlp.c_fc.weight.numpy(), dummy.h[0].mlp.c_fc.weight.numpy()
+  assert w.shape == d.shape and not np.allclose(w, d) and abs(d.std() - 0.02) < 0.002
