@@ -58,6 +58,24 @@ def test_verify_pass_equals_single_steps(tiny, K):
   steps = np.stack([tiny(Tensor([[t]], dtype=dtypes.int32), len(prefix) + i).numpy()[0] for i, t in enumerate(block)])
   np.testing.assert_allclose(verify, steps, atol=1e-4 * np.abs(steps).max())
 
+def test_padded_passes_leave_nothing_stale_and_fit_the_context(tiny):
+  from models.gpt2 import padded_width
+  assert [padded_width(T) for T in range(1, 10)] == [1, 4, 4, 4, 8, 6, 8, 8, 9]
+  rng = np.random.default_rng(5)
+  tokens = [int(t) for t in rng.integers(0, 64, 12)]
+  full = logits(tiny, tokens)
+  tiny.prefill(tokens[:5])
+  # a 2-token pass runs 4 wide: positions 7, 8 get entries of the repeated last token, which the next calls overwrite
+  two = tiny(Tensor([tokens[5:7]], dtype=dtypes.int32), 5).numpy()
+  rest = [tiny(Tensor([[t]], dtype=dtypes.int32), i).numpy()[0] for i, t in enumerate(tokens[7:], start=7)]
+  np.testing.assert_allclose(np.concatenate([two, np.stack(rest)]), full[5:], atol=1e-4 * np.abs(full).max())
+  # at the end of the context there is no room to pad: the pass runs at its own width
+  n = TINY["n_positions"]
+  seq = [int(t) for t in rng.integers(0, 64, n)]
+  tiny.prefill(seq[:-2])
+  np.testing.assert_allclose(tiny(Tensor([seq[-2:]], dtype=dtypes.int32), n - 2).numpy(), logits(tiny, seq)[-2:],
+                             atol=1e-4 * np.abs(full).max())
+
 def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   a, b = models.load(str(tiny_dir / "target")), models.load(str(tiny_dir / "other"))
   toks = lambda n: Tensor([[3] * n], dtype=dtypes.int32)
