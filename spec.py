@@ -10,6 +10,8 @@ sequence so far. One round:
      draw x ~ norm(max(0, q - p)) and end the round; if all K are kept draw a bonus x ~ q_K+1      verify()
 Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token).
 A round runs on the device; the host reads one small tensor per round.
+Two extensions keep the same verifier: PromptLookup drafts by copying from the context (p is one-hot on its proposal),
+and K="auto" chooses K each round by the measured cost of a round and the running acceptance rate.
 """
 from __future__ import annotations
 import argparse, codecs, functools, json, os, sys, time, weakref
@@ -353,7 +355,7 @@ def best_seconds(fn, reps:int=3) -> float:
 def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
   """Seconds for one JIT-compiled one-token target decode, measured at position 0 before the prefill rewrites it."""
   x = Tensor([[token]], dtype=dtypes.int32)
-  if 1 not in target.jits or target.jits[1].captured is None: warmup(lambda: target(x, 0))
+  if (1, 1) not in target.jits or target.jits[(1, 1)].captured is None: warmup(lambda: target(x, 0))
   t0 = synchronize()
   for _ in range(reps): target(x, 0)
   return (synchronize() - t0) / reps

@@ -6,7 +6,7 @@ caller passes next; rolling back r tokens is calling with a start position r sma
 recomputed: the stale entries are overwritten before anything reads them).
 """
 from __future__ import annotations
-import json, os, pathlib, urllib.error
+import functools, json, os, pathlib, urllib.error
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, dtypes, nn
 from tinygrad.helpers import fetch
@@ -77,8 +77,9 @@ class GPT2:
     self.h = [Block(cfg, self.dtype) for _ in range(cfg.n_layer)]
     self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
-    # one JIT per input width, owned by this instance: a TinyJit on the class would be shared by draft and target
-    self.jits: dict[int, TinyJit] = {}
+    # one JIT per (input width, padded width), owned by this instance: a TinyJit on the class would be shared by
+    # draft and target
+    self.jits: dict[tuple[int, int], TinyJit] = {}
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
@@ -96,10 +97,14 @@ class GPT2:
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
     W = padded_width(T) if start_pos + padded_width(T) <= self.cfg.n_positions else T
-    if W > T: tokens = tokens.cat(tokens[:, -1:].expand(1, W - T), dim=1)
-    jit = self.jits.setdefault(W, TinyJit(self.forward))
-    logits = jit(tokens.clone(), self.positions.bind(start_pos))  # a fresh buffer: one input layout, whoever made tokens
-    return logits[:T] if W > T else logits
+    jit = self.jits.setdefault((T, W), TinyJit(functools.partial(self.forward_padded, width=W)))
+    return jit(tokens.clone(), self.positions.bind(start_pos))  # a fresh buffer: one input layout, whoever made tokens
+
+  def forward_padded(self, tokens:Tensor, start_pos:int|UOp, width:int) -> Tensor:
+    """forward() at `width` >= T positions, repeating the last token; the logits (T, vocab) of the T real ones."""
+    T = tokens.shape[1]
+    if width == T: return self.forward(tokens, start_pos)
+    return self.forward(tokens.cat(tokens[:, -1:].expand(1, width - T), dim=1), start_pos)[:T].contiguous()
 
   def prefill(self, tokens:list[int]) -> None:
     """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, like every width)."""

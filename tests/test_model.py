@@ -92,7 +92,7 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   np.testing.assert_allclose(la, logits(a, seq)[-1:], atol=1e-4 * np.abs(la).max())
   np.testing.assert_allclose(lb, logits(b, seq)[-1:], atol=1e-4 * np.abs(lb).max())
   assert not np.allclose(la, lb)
-  assert a.jits is not b.jits and a.jits[1] is not b.jits[1]
+  assert a.jits is not b.jits and a.jits[(1, 1)] is not b.jits[(1, 1)]
 
 def test_size_table_parameter_counts():
   assert {k: round(c.n_params / 1e6) for k, c in models.CONFIGS.items()} == \
