@@ -234,11 +234,10 @@ def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int
   """Bad requests fail here, before any work (with no models yet: only K and max_new_tokens)."""
   if K != "auto" and not (isinstance(K, int) and K >= 1): raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
-  if len({m.cfg.vocab_size for m in models_}) > 1:
-    raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
-  vocab = min((m.cfg.vocab_size for m in models_), default=None)
-  if vocab is not None and max(prompt_tokens) >= vocab:
-    raise ValueError(f"prompt token {max(prompt_tokens)} is outside the models' vocabulary of {vocab} (another tokenizer?)")
+  vocabs = {m.cfg.vocab_size for m in models_}
+  if len(vocabs) > 1: raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
+  if vocabs and max(prompt_tokens) >= min(vocabs):
+    raise ValueError(f"prompt token {max(prompt_tokens)} is outside the models' vocabulary of {min(vocabs)} (another tokenizer?)")
   context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
@@ -333,7 +332,7 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
       result = read(verify_step(block, p, len(tokens) - 1), stats)
       events, draws = round_events(result, k), draws + (0 if lookup else k*V) + k + V
       alpha.update(int(result[0]), k)
-      # 4. the draft has consumed x_n, x~_1..x~_k-1; after a full accept it has yet to see x~_k, then the bonus token
+      # 4. a draft model has consumed x_n, x~_1..x~_k-1; after a full accept it has yet to see x~_k, then the bonus token
       unseen = [int(result[3 + k]), events[-1]["id"]] if int(result[0]) == k else [events[-1]["id"]]
     t2 = time.perf_counter()
     if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow what rounds take
@@ -347,6 +346,7 @@ def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 &
 def counter(draws:int) -> Tensor: return Tensor([draws & 0xffffffff, draws >> 32], dtype=dtypes.uint32)
 
 def best_seconds(fn, reps:int=3) -> float:
+  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
   best = float("inf")
   for _ in range(reps):
     t0 = synchronize(); fn(); best = min(best, synchronize() - t0)
@@ -356,9 +356,7 @@ def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
   """Seconds for one JIT-compiled one-token target decode, measured at position 0 before the prefill rewrites it."""
   x = Tensor([[token]], dtype=dtypes.int32)
   if (1, 1) not in target.jits or target.jits[(1, 1)].captured is None: warmup(lambda: target(x, 0))
-  t0 = synchronize()
-  for _ in range(reps): target(x, 0)
-  return (synchronize() - t0) / reps
+  return best_seconds(lambda: target(x, 0), reps)
 
 def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, counter_:Tensor, params, filtered:bool) -> Tensor:
   """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw, [token, q(token)] on the device."""

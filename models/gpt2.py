@@ -96,7 +96,7 @@ class GPT2:
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    W = padded_width(T) if start_pos + padded_width(T) <= self.cfg.n_positions else T
+    W = padded_width(T) if start_pos + padded_width(T) <= self.cfg.n_positions else T  # no room: run unpadded
     jit = self.jits.setdefault((T, W), TinyJit(functools.partial(self.forward_padded, width=W)))
     return jit(tokens.clone(), self.positions.bind(start_pos))  # a fresh buffer: one input layout, whoever made tokens
 

@@ -17,7 +17,7 @@ plus the memory read bandwidth, the gpt2-xl decode as a multiple of (weight byte
 memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
-import argparse, collections, gc, json, os, pathlib, platform, resource, sys, time
+import argparse, collections, gc, json, os, pathlib, platform, resource, sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
@@ -38,24 +38,17 @@ REPETITIVE = [  # context that repeats itself, where prompt lookup has something
 KS = (1, 2, 4, 8)
 SEED_R_PRIME, SEED_K, SEED_SPEEDUP = 0.8125, 4, 2.12  # the seed's gpt2-xl/gpt2 run on its GPU
 
-def seconds(fn, reps:int) -> float:
-  """Best of reps synchronized calls: the cost of fn without the noise of the other core's work."""
-  best = float("inf")
-  for _ in range(reps):
-    t0 = spec.synchronize(); fn(); best = min(best, spec.synchronize() - t0)
-  return best
-
 def bandwidth(nbytes:int=1 << 30, reps:int=5) -> float:
   """Memory read bandwidth in bytes/s: a sum over a buffer far larger than the caches, with tinygrad on this device."""
   x = Tensor.ones(nbytes // 4, dtype=dtypes.float32).contiguous().realize()
   x.sum().realize()
-  return nbytes / seconds(lambda: x.sum().realize(), reps)
+  return nbytes / spec.best_seconds(lambda: x.sum().realize(), reps)
 
 def forward_time(model:models.GPT2, width:int, reps:int) -> float:
   """One JIT-compiled forward pass of `width` tokens (a one-token decode for width 1), after warm-up."""
   x = Tensor([[models.EOT] * width], dtype=dtypes.int32)
   for _ in range(2): model(x, 100).realize()
-  return seconds(lambda: model(x, 100).realize(), reps)
+  return spec.best_seconds(lambda: model(x, 100).realize(), reps)
 
 def sizes(model:models.GPT2) -> tuple[int, int]:
   """(weight bytes, KV-cache bytes) as allocated."""

@@ -104,7 +104,6 @@ def test_verify_keeps_all_when_draft_equals_target_and_draws_the_bonus_from_q_K_
     assert run_verify(q[:K], q, [1, 1, 1], seed) == (K, 3)
 
 def test_verify_rejects_a_token_the_target_never_emits_and_resamples_from_the_residual():
-  K, V = 2, 4
   p = np.array([[0.0, 1.0, 0, 0], [0.25] * 4])
   q = np.array([[0.5, 0.0, 0.5, 0.0], [0.25] * 4, [0.25] * 4])
   for seed in range(5):

@@ -1,5 +1,5 @@
 """The GPT-2 port: parity with an independent numpy GPT-2, KV cache and rollback, JIT, loading errors."""
-import json, pathlib, urllib.error
+import json, urllib.error
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
