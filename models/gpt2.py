@@ -22,6 +22,10 @@ class GPT2Config:
   layer_norm_epsilon: float = 1e-5
 
   @property
+  def padded_vocab(self) -> int:  # the lm_head's rows rounded up to a multiple of 64 (nanoGPT's 50304): see GPT2.forward
+    return -(-self.vocab_size // 64) * 64
+
+  @property
   def n_params(self) -> int:  # with the lm_head tied to wte, as in the released checkpoints
     C, L = self.n_embd, self.n_layer
     return self.vocab_size*C + self.n_positions*C + L*(12*C*C + 13*C) + 2*C
@@ -73,7 +77,8 @@ class Block:
 class GPT2:
   def __init__(self, cfg:GPT2Config, half:bool=False):
     self.cfg, self.dtype = cfg, dtypes.half if half else dtypes.float32
-    self.wte, self.wpe = nn.Embedding(cfg.vocab_size, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
+    # wte has padded_vocab rows; the ones past vocab_size are never looked up and their logits are dropped
+    self.wte, self.wpe = nn.Embedding(cfg.padded_vocab, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
     self.h = [Block(cfg, self.dtype) for _ in range(cfg.n_layer)]
     self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
@@ -84,10 +89,14 @@ class GPT2:
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
     T = tokens.shape[1]
-    x = self.wte(tokens) + self.wpe.weight.shrink(((start_pos, start_pos+T), None))            # (1, T, C)
+    # the lookup indexes the vocabulary's rows only: over all padded_vocab rows tinygrad splits it into a slow reduce
+    x = self.wte.weight[:self.cfg.vocab_size][tokens] + self.wpe.weight.shrink(((start_pos, start_pos+T), None))  # (1, T, C)
     mask = Tensor.full((1, 1, T, start_pos+T), float("-inf"), dtype=x.dtype).triu(start_pos+1) if T > 1 else None
     for block in self.h: x = block(x, start_pos, mask)
-    return (self.ln_f(x)[0] @ self.wte.weight.T).float().contiguous()                          # (T, vocab), lm_head tied to wte
+    # lm_head tied to wte, over padded_vocab rows: tinygrad's heuristics split a matmul's output axis (into registers
+    # and threads) only by factors that divide it, and 50257 = 29 x 1733 (unpadded, gpt2-xl's lm_head took 85 ms, padded 36)
+    logits = (self.ln_f(x)[0] @ self.wte.weight.T).contiguous()                                # (T, padded_vocab)
+    return logits[:, :self.cfg.vocab_size].float().contiguous()                                # (T, vocab)
 
   def __call__(self, tokens:Tensor, start_pos:int) -> Tensor:
     """JIT-compiled forward: after two calls of a width nothing compiles again, whatever start_pos is. T tokens run as
@@ -166,7 +175,9 @@ def _load_weights(model:GPT2, fn:pathlib.Path) -> None:
     if k not in stored: raise CheckpointError(f"{fn}: missing weight {k}")
     w = stored[k].to(Device.DEFAULT)
     if k.endswith(CONV1D): w = w.T
-    if w.shape != param.shape: raise CheckpointError(f"{fn}: {k} has shape {w.shape}, expected {param.shape}")
+    stored_shape = (model.cfg.vocab_size, param.shape[1]) if k == "wte.weight" else param.shape  # wte: unpadded
+    if w.shape != stored_shape: raise CheckpointError(f"{fn}: {k} has shape {w.shape}, expected {stored_shape}")
+    if k == "wte.weight": w = w.pad(((0, param.shape[0] - w.shape[0]), None))  # zero rows up to padded_vocab
     weights[k] = w.cast(param.dtype)
   load_state_dict(model, weights, strict=False, verbose=False)
 

@@ -13,17 +13,20 @@ the same prompts and token counts. From those:
   theoretical (the seed)  = r'(K+1) t_target / (K t_draft + t_target)
   overhead-aware          = (tokens per round) t_target / (K t_draft + t_verify(K+1))
   efficiency              = measured / overhead-aware  (1.0: the loop around the forward passes costs nothing)
-plus the memory read bandwidth, the gpt2-xl decode as a multiple of (weight bytes / bandwidth), the peak resident
-memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
+plus the memory read bandwidth, the gpt2-xl decode as a multiple of (weight bytes / bandwidth) with tinygrad's default
+kernels and with kernels chosen by its BEAM search (what JITBEAM=2 gives a user), the peak resident memory against
+weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
-import argparse, collections, gc, json, os, pathlib, platform, resource, sys
+import argparse, collections, gc, json, os, pathlib, platform, resource, sys, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
 if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
 
-from tinygrad import Tensor, Device, dtypes
+import numpy as np
+from tinygrad import Tensor, TinyJit, Device, dtypes
+from tinygrad.helpers import Context
 from tinygrad.codegen import to_program_cache
 from tinygrad.nn.state import get_state_dict
 import models, spec
@@ -38,17 +41,31 @@ REPETITIVE = [  # context that repeats itself, where prompt lookup has something
 KS = (1, 2, 4, 8)
 SEED_R_PRIME, SEED_K, SEED_SPEEDUP = 0.8125, 4, 2.12  # the seed's gpt2-xl/gpt2 run on its GPU
 
-def bandwidth(nbytes:int=1 << 30, reps:int=5) -> float:
-  """Memory read bandwidth in bytes/s: a sum over a buffer far larger than the caches, with tinygrad on this device."""
+def bandwidth(nbytes:int=1 << 30, reps:int=5) -> dict[str, float]:
+  """Memory read bandwidth in bytes/s: a sum over a buffer far larger than the caches, with tinygrad on this device and
+  with numpy (on the CPU; tinygrad's default sum kernel reads slower than the memory can deliver)."""
   x = Tensor.ones(nbytes // 4, dtype=dtypes.float32).contiguous().realize()
   x.sum().realize()
-  return nbytes / spec.best_seconds(lambda: x.sum().realize(), reps)
+  measured = {"tinygrad": nbytes / spec.best_seconds(lambda: x.sum().realize(), reps)}
+  if Device.DEFAULT == "CPU":
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    measured["numpy"] = nbytes / spec.best_seconds(a.sum, reps)
+  return measured
 
 def forward_time(model:models.GPT2, width:int, reps:int) -> float:
   """One JIT-compiled forward pass of `width` tokens (a one-token decode for width 1), after warm-up."""
   x = Tensor([[models.EOT] * width], dtype=dtypes.int32)
   for _ in range(2): model(x, 100).realize()
   return spec.best_seconds(lambda: model(x, 100).realize(), reps)
+
+def beam_decode_time(model:models.GPT2, beam:int, reps:int) -> float:
+  """A one-token decode JIT-compiled with kernels from tinygrad's BEAM search (searched once, then cached on disk)."""
+  x, pos, jit = Tensor([[models.EOT]], dtype=dtypes.int32), model.positions.bind(100), TinyJit(model.forward)
+  t0 = time.perf_counter()
+  with Context(BEAM=beam):
+    for _ in range(2): jit(x, pos).realize()
+  print(f"  BEAM={beam} search and capture: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+  return spec.best_seconds(lambda: jit(x, pos).realize(), reps)
 
 def sizes(model:models.GPT2) -> tuple[int, int]:
   """(weight bytes, KV-cache bytes) as allocated."""
@@ -121,6 +138,8 @@ def main():
   ap.add_argument("--pairs", default="xl,docs,ngram", help="comma-separated: xl (dummy gpt2-xl/gpt2), docs (the shared pair), ngram (docs-target with prompt lookup)")
   ap.add_argument("--quick", action="store_true", help="a smoke run: few tokens and repetitions")
   ap.add_argument("--json", metavar="FILE", help="also write every figure to this file")
+  ap.add_argument("--beam", type=int, default=2, metavar="N", help="also time the gpt2-xl decode with kernels from tinygrad's "
+                  "BEAM search of width N (minutes the first time, then cached); 0 skips it")
   args = ap.parse_args()
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
   enc = models.tokenizer()
@@ -135,15 +154,18 @@ def main():
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report["memory"] = dict(weight_bytes=tw + dw, kv_bytes=tk + dk, peak_rss=rss)
     report["results"].append(result)
+    if args.beam: report["t_target_beam"] = beam_decode_time(target, args.beam, reps)
     del target, draft; gc.collect()
-  report["bandwidth"] = bw = bandwidth()
+  report["bandwidth"] = bws = bandwidth()
+  bw = max(bws.values())
   if "xl" in pairs:
     xl, mem = report["results"][0], report["memory"]
-    floor = (tw) / bw
+    floor = tw / bw
     ar_per_token = {r["T"]: r["ar_seconds"] / r["ar_tokens"] for r in xl["rows"]}
     seed_theory = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_target"])
     seed_aware = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_verify"][SEED_K])
     report["xl"] = dict(bandwidth_floor=floor, decode_over_floor=xl["t_target"] / floor,
+                        beam_decode_over_floor=report["t_target_beam"] / floor if args.beam else None,
                         ar_over_floor={T: s / floor for T, s in ar_per_token.items()},
                         seed_prediction=seed_theory, seed_prediction_overhead_aware=seed_aware)
   if "docs" in pairs or "ngram" in pairs:
@@ -154,12 +176,15 @@ def main():
     report["results"].append(bench_pair("docs-target / prompt lookup, repetitive prompts", target, spec.PromptLookup(),
                                         [enc.encode(p) for p in REPETITIVE], 32 if args.quick else 128, reps, Ks=(4, "auto")))
 
-  print(f"memory read bandwidth {bw / 1e9:.1f} GB/s (tinygrad sum over 1 GiB on {Device.DEFAULT})")
+  print(f"memory read bandwidth {bw / 1e9:.1f} GB/s, the faster of sums over 1 GiB: "
+        + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bws.items()))
   if "xl" in pairs:
     x = report["xl"]
     print(f"gpt2-xl decode: t_target {xl['t_target']*1e3:.0f} ms = {x['decode_over_floor']:.2f}x the bandwidth floor "
           f"(fp32 weights {tw/1e9:.2f} GB / {bw/1e9:.1f} GB/s = {floor*1e3:.0f} ms); autoregressive per token incl. "
           f"sampling: {', '.join(f'T={T:g} {v:.2f}x' for T, v in x['ar_over_floor'].items())}")
+    if args.beam: print(f"gpt2-xl decode with BEAM={args.beam} kernels (JITBEAM={args.beam}): {report['t_target_beam']*1e3:.0f} ms = "
+                        f"{x['beam_decode_over_floor']:.2f}x the bandwidth floor, {xl['t_target']/report['t_target_beam']:.2f}x faster than default kernels")
     print(f"peak resident memory {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/(mem['weight_bytes']+mem['kv_bytes']):.2f}x "
           f"(weights {mem['weight_bytes']/1e9:.2f} GB + KV caches {mem['kv_bytes']/1e9:.2f} GB)")
     print(f"the seed's acceptance (r' {SEED_R_PRIME}, K {SEED_K}) with these gpt2-xl/gpt2 costs: {x['seed_prediction']:.2f}x "

@@ -23,6 +23,18 @@ def test_parity_tiny_random(tmp_path, prefixed):
   tokens = list(np.random.default_rng(0).integers(0, TINY["vocab_size"], 20))
   assert_close(logits(model, tokens), np_gpt2_logits(weights, TINY["n_head"], tokens))
 
+def test_padded_lm_head(tmp_path):
+  """A vocabulary that is no multiple of 64 runs its lm_head over zero rows up to one; the logits are the vocabulary's."""
+  cfg = dict(TINY, vocab_size=50)
+  weights = random_weights(cfg, seed=12)
+  model = models.load(str(write_checkpoint(tmp_path / "ckpt", cfg, weights)))
+  assert model.wte.weight.shape == (64, TINY["n_embd"]) and not model.wte.weight[50:].numpy().any()
+  tokens = list(np.random.default_rng(2).integers(0, 50, 20))
+  out = logits(model, tokens)
+  assert out.shape == (20, 50)
+  assert_close(out, np_gpt2_logits(weights, TINY["n_head"], tokens))
+  assert_close(model(Tensor([tokens[:5]], dtype=dtypes.int32), 0).numpy(), out[:5])  # the JIT-compiled, padded-width path
+
 @pytest.mark.parametrize("name", ["docs-target", "docs-draft"])
 def test_parity_shared_checkpoints(name, enc):
   path = shared_dir() / name
@@ -130,6 +142,10 @@ def test_missing_key(good):
 def test_wrong_shape(good):
   w = random_weights(TINY, seed=4); w["h.0.attn.c_proj.weight"] = w["h.0.attn.c_proj.weight"][:16]
   write_safetensors(good / "model.safetensors", w); expect_error(good, "h.0.attn.c_proj.weight", "shape")
+
+def test_wrong_vocabulary_rows(good):
+  w = random_weights(TINY, seed=4); w["wte.weight"] = w["wte.weight"][:40]
+  write_safetensors(good / "model.safetensors", w); expect_error(good, "wte.weight", "(40, 32)", "expected (64, 32)")
 
 def test_name_while_offline_asks_for_a_local_directory(monkeypatch):
   def offline(*a, **k): raise urllib.error.URLError("no network")
