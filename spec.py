@@ -16,7 +16,7 @@ and K="auto" chooses K each round by the measured cost of a round and the runnin
 from __future__ import annotations
 import argparse, codecs, functools, json, os, sys, time, weakref
 from dataclasses import dataclass, field, asdict
-from tinygrad import Tensor, TinyJit, Device, dtypes
+from tinygrad import Tensor, TinyJit, UOp, Device, dtypes
 import models
 from models import EOT, GPT2
 
@@ -64,10 +64,15 @@ def keep_largest(probs:Tensor, enough) -> Tensor:
     lo, hi = ok.where(mid, lo), ok.where(hi, mid - 1)
   return (bits >= lo).float()
 
-def uniform(key:Tensor, counter:Tensor, *shape:int) -> Tensor:
-  """U(0, 1) draws from the run's threefry stream at position counter; never exactly 0 or 1."""
+# a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
+# value reaches the compiled function without a host-to-device copy, and nothing recompiles
+NONCE = UOp.variable("nonce", 0, 2**31 - 1)
+
+def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
+  """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1."""
   n = 1
   for s in shape: n *= s
+  counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
   return (((Tensor.random_bits(key, counter, n) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
 
 def sample(probs:Tensor, u:Tensor) -> Tensor:
@@ -86,10 +91,10 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
 
 # ***** one round, as JIT-compiled functions of the draft and of the verification *****
 
-def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, K:int, filtered:bool):
+def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V)."""
-  u = uniform(key, counter, K, draft.cfg.vocab_size)
+  u = uniform(key, nonce, K, draft.cfg.vocab_size)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
     p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, filtered)   # (1, V) p(x | x_1..x_n, x~_1..x~_t)
@@ -98,12 +103,12 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, counter:Tensor, te
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
   return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
 
-def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
+def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, filtered:bool):
   """Step 3, modified rejection sampling. q_logits (K+1, V) from the target's pass over block = [x_n, x~_1..x~_K],
   p (K, V). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one float32 vector."""
   K, V = p.shape
   q, drafted = warp(q_logits, temperature, top_k, top_p, filtered), block[0, 1:]
-  r = uniform(key, counter, K + V)
+  r = uniform(key, nonce, K + V)
   kept = r[:K] < acceptance(p, q[:K], drafted)                                 # r_t < min(1, q(x~_t)/p(x~_t))
   n = kept.where(K, Tensor.arange(K)).min()                                    # the first rejection, K if none
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
@@ -112,16 +117,16 @@ def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, counter:Tensor, 
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
-def verify_lookup(q_logits:Tensor, block:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
+def verify_lookup(q_logits:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, filtered:bool):
   """Step 3 for a deterministic draft (prompt lookup): p is one-hot on each proposed token, so x~_t is kept with
   probability q(x~_t) and a rejection draws from norm(max(0, q - onehot(x~_t)))."""
   p = (block[0, 1:].unsqueeze(-1) == Tensor.arange(q_logits.shape[-1])).float().contiguous()
-  return verify(q_logits, p, block, key, counter, temperature, top_k, top_p, filtered=filtered)
+  return verify(q_logits, p, block, key, nonce, temperature, top_k, top_p, filtered=filtered)
 
-def next_token(logits:Tensor, key:Tensor, counter:Tensor, temperature, top_k, top_p, *, filtered:bool):
+def next_token(logits:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, filtered:bool):
   """The baseline's step: x ~ q(x | x_1..x_n) from the target's logits (1, V). Returns [token, q(token)]."""
   q = warp(logits, temperature, top_k, top_p, filtered)
-  token = sample(q, uniform(key, counter, *q.shape))
+  token = sample(q, uniform(key, nonce, *q.shape))
   return Tensor.stack(token[0].float(), q[0, token[0]]).realize()
 
 _jits: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
@@ -282,32 +287,32 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   lookup = isinstance(draft, PromptLookup)
   check([target] if lookup else [target, draft], tokens, max_new_tokens, K)
   stats = Stats(K=K, draft="ngram" if lookup else "model")
-  key, params, V, filtered = seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size, sampling.filtered
+  key, params, filtered = seed_key(seed), sampling.tensors(target.cfg.vocab_size), sampling.filtered
   lookaheads = LOOKAHEADS if K == "auto" else (K,)
-  draws = 0                                      # position in the run's random stream
 
-  def draft_step(unseen:list[int], start_pos:int, K:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen
+  # round r draws from the streams with nonces 2r (draft) and 2r+1 (verification); warm-up's, discarded, from 0
+  def draft_step(unseen:list[int], start_pos:int, K:int, nonce:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen
     return jitted(draft, propose, len(unseen), K=K, filtered=filtered)(draft,
-      Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(start_pos), key, counter(draws), *params)
-  def verify_step(block:Tensor, p:Tensor|None, start_pos:int):  # 2. q at all K+1 positions in one target pass, 3. accept
+      Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(start_pos), key, NONCE.bind(nonce), *params)
+  def verify_step(block:Tensor, p:Tensor|None, start_pos:int, nonce:int):  # 2. q at all K+1 positions in one target pass, 3. accept
     q_logits, K = target(block, start_pos), block.shape[1] - 1
-    if p is None: return jitted(target, verify_lookup, K + 1, filtered=filtered)(q_logits, block, key, counter(draws), *params)
-    return jitted(target, verify, K + 1, filtered=filtered)(q_logits, p, block, key, counter(draws + K*V), *params)
+    if p is None: return jitted(target, verify_lookup, K + 1, filtered=filtered)(q_logits, block, key, NONCE.bind(nonce), *params)
+    return jitted(target, verify, K + 1, filtered=filtered)(q_logits, p, block, key, NONCE.bind(nonce), *params)
   def lookup_block(guess:list[int]) -> Tensor: return Tensor([tokens[-1:] + guess], dtype=dtypes.int32)
 
   def warmup_round(k:int):                       # one round at position 0, before the prefill overwrites it
-    if lookup: return verify_step(lookup_block([tokens[0]] * k), None, 0)
-    return verify_step(*draft_step(tokens[:1], 0, k), 0)
+    if lookup: return verify_step(lookup_block([tokens[0]] * k), None, 0, 0)
+    return verify_step(*draft_step(tokens[:1], 0, k, 0), 0, 0)
 
   t0 = time.perf_counter()
   if lookup:   # a proposal has k tokens or none: a round without a match is the baseline's step
     for k in lookaheads:
       if jitted(target, verify_lookup, k + 1, filtered=filtered).captured is None: warmup(lambda: warmup_round(k))
-    warmup(lambda: target_step(target, tokens[0], 0, key, counter(0), params, filtered))
+    warmup(lambda: target_step(target, tokens[0], 0, key, 0, params, filtered))
   else:
     for k in lookaheads:
       if jitted(draft, propose, 1, K=k, filtered=filtered).captured is None:  # the two steps are captured together
-        warmup(lambda: draft_step(tokens[:1] * 2, 0, k), lambda: warmup_round(k))
+        warmup(lambda: draft_step(tokens[:1] * 2, 0, k, 0), lambda: warmup_round(k))
   round_seconds = {k: best_seconds(lambda: read(warmup_round(k), Stats())) for k in lookaheads} if K == "auto" else {}
   stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
@@ -323,14 +328,14 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
     if lookup:                                   # 1. the proposal: k tokens copied from the context, or none
       guess = draft.propose(tokens, k)
       block, p, k = lookup_block(guess) if guess else None, None, len(guess)
-    else: block, p = draft_step(unseen, len(tokens) - len(unseen), k)  # the draft cache rolls back to where unseen go
+    else: block, p = draft_step(unseen, len(tokens) - len(unseen), k, 2 * stats.rounds)  # the draft cache rolls back to where unseen go
     t1 = synchronize()
     if k == 0:                                   # nothing to verify: the round is one step of the target alone
-      token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, counter(draws), params, filtered), stats)
-      events, draws = [dict(id=int(token), source="target", index=0, q=q, p=None)], draws + V
+      token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, 2 * stats.rounds + 1, params, filtered), stats)
+      events = [dict(id=int(token), source="target", index=0, q=q, p=None)]
     else:                                        # 2., 3.: the round's one read; the target cache rolls back to n-1
-      result = read(verify_step(block, p, len(tokens) - 1), stats)
-      events, draws = round_events(result, k), draws + (0 if lookup else k*V) + k + V
+      result = read(verify_step(block, p, len(tokens) - 1, 2 * stats.rounds + 1), stats)
+      events = round_events(result, k)
       alpha.update(int(result[0]), k)
       # 4. a draft model has consumed x_n, x~_1..x~_k-1; after a full accept it has yet to see x~_k, then the bonus token
       unseen = [int(result[3 + k]), events[-1]["id"]] if int(result[0]) == k else [events[-1]["id"]]
@@ -343,7 +348,6 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   return out.new, stats.finish(start, len(out.new))
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
-def counter(draws:int) -> Tensor: return Tensor([draws & 0xffffffff, draws >> 32], dtype=dtypes.uint32)
 
 def best_seconds(fn, reps:int=3) -> float:
   """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
@@ -358,18 +362,18 @@ def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
   if (1, 1) not in target.jits or target.jits[(1, 1)].captured is None: warmup(lambda: target(x, 0))
   return best_seconds(lambda: target(x, 0), reps)
 
-def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, counter_:Tensor, params, filtered:bool) -> Tensor:
-  """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw, [token, q(token)] on the device."""
+def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, nonce:int, params, filtered:bool) -> Tensor:
+  """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw (from stream nonce), [token, q(token)] on the device."""
   logits = target(Tensor([[token]], dtype=dtypes.int32), start_pos)
-  return jitted(target, next_token, 1, filtered=filtered)(logits, key, counter_, *params)
+  return jitted(target, next_token, 1, filtered=filtered)(logits, key, NONCE.bind(nonce), *params)
 
 def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
                             seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
   tokens = list(prompt_tokens) or [EOT]
   check([target], tokens, max_new_tokens, 1)
-  stats, key, params, V = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size), target.cfg.vocab_size
-  step = lambda token, start_pos, draws: target_step(target, token, start_pos, key, counter(draws), params, sampling.filtered)
+  stats, key, params = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size)
+  step = lambda token, start_pos, nonce: target_step(target, token, start_pos, key, nonce, params, sampling.filtered)
   t0 = time.perf_counter()
   if jitted(target, next_token, 1, filtered=sampling.filtered).captured is None: warmup(lambda: step(tokens[0], 0, 0))
   stats.t_target = time_target_decode(target, tokens[0])
@@ -378,7 +382,7 @@ def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens
   out = Output(tokens, max_new_tokens, eos, on_token, stats)
   start = time.perf_counter()
   while not out.done:
-    token, q = read(step(tokens[-1], len(tokens) - 1, len(out.new) * V), stats)
+    token, q = read(step(tokens[-1], len(tokens) - 1, len(out.new)), stats)
     stats.rounds += 1
     out.emit([dict(id=int(token), source="target", index=0, q=q, p=None)])
   stats.finish(start, len(out.new))

@@ -93,7 +93,7 @@ def run_verify(p:np.ndarray, q:np.ndarray, drafted:list[int], seed:int=0):
   temperature, top_k, top_p = spec.Sampling(1.0).tensors(q.shape[1])
   # logits whose temperature-1 softmax is q (zeros -> -inf is fine for softmax)
   with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q).astype(np.float32))
-  out = spec.verify(q_logits, Tensor(p.astype(np.float32)), block, spec.seed_key(seed), spec.counter(0),
+  out = spec.verify(q_logits, Tensor(p.astype(np.float32)), block, spec.seed_key(seed), 0,
                     temperature, top_k, top_p, filtered=False).tolist()
   return int(out[0]), int(out[1])
 
@@ -121,7 +121,7 @@ def test_verify_lookup_is_verify_with_a_one_hot_draft():
     else: q[0, drafted[0]] = 0.0                               # certain to be rejected
     with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q / q.sum(1, keepdims=True)).astype(np.float32))
     block = Tensor([[0] + drafted], dtype=dtypes.int32)
-    args = (block, spec.seed_key(seed), spec.counter(0), temperature, top_k, top_p)
+    args = (block, spec.seed_key(seed), 0, temperature, top_k, top_p)
     looked_up = spec.verify_lookup(q_logits, *args, filtered=False).tolist()
     assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, filtered=False).tolist()
     assert (looked_up[0] == 0) == (seed % 2 == 0) and looked_up[4:4+K] == drafted
