@@ -36,22 +36,25 @@ class Sampling:
     if not 0 < self.top_p <= 1: raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
 
   @property
-  def filtered(self) -> bool: return self.top_k > 0 or self.top_p < 1  # a structural choice: the values travel as Tensors
+  def static(self) -> dict[str, bool]:
+    """The structural choices, compiled separately: greedy (argmax, no random draws) and filtered (top-k/top-p on).
+    The values themselves travel as Tensors."""
+    return dict(greedy=self.temperature == 0, filtered=self.top_k > 0 or self.top_p < 1)
 
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
     # values go into the JIT-compiled functions as Tensors, so changing them compiles nothing
     return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([self.top_k or vocab_size], dtype=dtypes.int32),
             Tensor([self.top_p], dtype=dtypes.float32))
 
-def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, filtered:bool) -> Tensor:
-  """logits (N, V) -> the distributions (N, V) that tokens are drawn from. Temperature 0: one-hot on the argmax."""
-  greedy = (logits.argmax(-1, keepdim=True) == Tensor.arange(logits.shape[-1])).float()
-  probs = (logits / temperature.maximum(1e-6)).softmax(-1)
+def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, greedy:bool, filtered:bool) -> Tensor:
+  """logits (N, V) -> the distributions (N, V) that tokens are drawn from. Greedy (temperature 0): one-hot on the argmax."""
+  if greedy: return (logits.argmax(-1, keepdim=True) == Tensor.arange(logits.shape[-1])).float().contiguous()
+  probs = (logits / temperature).softmax(-1)
   if filtered:
     probs = probs * keep_largest(probs, lambda kept: kept.sum(-1, keepdim=True) >= top_k)             # top-k
     probs = probs * keep_largest(probs, lambda kept: (kept * probs).sum(-1, keepdim=True) >= top_p * probs.sum(-1, keepdim=True))
     probs = probs / probs.sum(-1, keepdim=True)                                                         # top-p of what top-k kept
-  return (temperature == 0).where(greedy, probs).contiguous()  # materialized: every later step reads it
+  return probs.contiguous()  # materialized: every later step reads it
 
 def keep_largest(probs:Tensor, enough) -> Tensor:
   """Mask (N, V) of the probabilities >= the largest threshold t for which enough(probs >= t) holds, per row.
@@ -68,8 +71,11 @@ def keep_largest(probs:Tensor, enough) -> Tensor:
 # value reaches the compiled function without a host-to-device copy, and nothing recompiles
 NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
-def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
-  """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1."""
+def uniform(key:Tensor, nonce:int|UOp, *shape:int, greedy:bool=False) -> Tensor:
+  """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1. Greedy: all 0.5, nothing drawn,
+  because every distribution is one-hot: any u in (0, 1) samples its token, and r < min(1, q(x~)/p(x~)) holds
+  exactly when q(x~) = 1 = p(x~)."""
+  if greedy: return Tensor.full(shape, 0.5)
   n = 1
   for s in shape: n *= s
   counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
@@ -91,24 +97,24 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
 
 # ***** one round, as JIT-compiled functions of the draft and of the verification *****
 
-def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, filtered:bool):
+def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool, filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V)."""
-  u = uniform(key, nonce, K, draft.cfg.vocab_size)
+  u = uniform(key, nonce, K, draft.cfg.vocab_size, greedy=greedy)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
-    p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, filtered)   # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+    p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, greedy=greedy, filtered=filtered)  # (1, V) p(x | x_1..x_n, x~_1..x~_t)
     drafted.append(sample(p, u[t:t+1]).realize())                                   # x~_t+1 ~ p; realized, so the next
     ps.append(p)                                                                    # step does not recompute this one
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
   return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
 
-def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, filtered:bool):
+def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool, filtered:bool):
   """Step 3, modified rejection sampling. q_logits (K+1, V) from the target's pass over block = [x_n, x~_1..x~_K],
   p (K, V). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one float32 vector."""
   K, V = p.shape
-  q, drafted = warp(q_logits, temperature, top_k, top_p, filtered), block[0, 1:]
-  r = uniform(key, nonce, K + V)
+  q, drafted = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered), block[0, 1:]
+  r = uniform(key, nonce, K + V, greedy=greedy)
   kept = r[:K] < acceptance(p, q[:K], drafted)                                 # r_t < min(1, q(x~_t)/p(x~_t))
   n = kept.where(K, Tensor.arange(K)).min()                                    # the first rejection, K if none
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
@@ -117,16 +123,16 @@ def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, tempe
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
-def verify_lookup(q_logits:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, filtered:bool):
+def verify_lookup(q_logits:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, **static):
   """Step 3 for a deterministic draft (prompt lookup): p is one-hot on each proposed token, so x~_t is kept with
   probability q(x~_t) and a rejection draws from norm(max(0, q - onehot(x~_t)))."""
   p = (block[0, 1:].unsqueeze(-1) == Tensor.arange(q_logits.shape[-1])).float().contiguous()
-  return verify(q_logits, p, block, key, nonce, temperature, top_k, top_p, filtered=filtered)
+  return verify(q_logits, p, block, key, nonce, temperature, top_k, top_p, **static)
 
-def next_token(logits:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, filtered:bool):
+def next_token(logits:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool, filtered:bool):
   """The baseline's step: x ~ q(x | x_1..x_n) from the target's logits (1, V). Returns [token, q(token)]."""
-  q = warp(logits, temperature, top_k, top_p, filtered)
-  token = sample(q, uniform(key, nonce, *q.shape))
+  q = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
+  token = sample(q, uniform(key, nonce, *q.shape, greedy=greedy))
   return Tensor.stack(token[0].float(), q[0, token[0]]).realize()
 
 _jits: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
@@ -135,6 +141,19 @@ def jitted(model:GPT2, fn, width:int, **static) -> TinyJit:
   jits, key = _jits.setdefault(model, {}), (fn.__name__, width, *sorted(static.items()))
   if key not in jits: jits[key] = TinyJit(functools.partial(fn, **static))
   return jits[key]
+
+_token_buffers: dict[int, tuple[Tensor, list[UOp], TinyJit]] = {}
+def device_tokens(tokens:list[int]) -> Tensor:
+  """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device. Tensor(list) schedules a new host-to-device
+  copy on every call (~3 ms on the CPU backend); here a JIT-compiled assign of bound variables writes them into a buffer
+  kept per width (one small kernel). The next call of the same width rewrites that buffer."""
+  w = len(tokens)
+  if w not in _token_buffers:
+    ids = [UOp.variable(f"token{i}", 0, 2**31 - 1) for i in range(w)]
+    write = lambda buf, *ids: buf.assign(Tensor.stack(*[Tensor(i) for i in ids]).cast(dtypes.int32).reshape(1, w)).realize()
+    _token_buffers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), ids, TinyJit(write)
+  buf, ids, write = _token_buffers[w]
+  return write(buf, *[i.bind(t) for i, t in zip(ids, tokens)])
 
 def warmup(*steps) -> None:
   """Trace and capture JIT-compiled steps (a TinyJit captures on its second call) before the prefill, at position 0:
@@ -287,18 +306,18 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   lookup = isinstance(draft, PromptLookup)
   check([target] if lookup else [target, draft], tokens, max_new_tokens, K)
   stats = Stats(K=K, draft="ngram" if lookup else "model")
-  key, params, filtered = seed_key(seed), sampling.tensors(target.cfg.vocab_size), sampling.filtered
+  key, params, static = seed_key(seed), sampling.tensors(target.cfg.vocab_size), sampling.static
   lookaheads = LOOKAHEADS if K == "auto" else (K,)
 
   # round r draws from the streams with nonces 2r (draft) and 2r+1 (verification); warm-up's, discarded, from 0
   def draft_step(unseen:list[int], start_pos:int, K:int, nonce:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen
-    return jitted(draft, propose, len(unseen), K=K, filtered=filtered)(draft,
-      Tensor([unseen], dtype=dtypes.int32), draft.positions.bind(start_pos), key, NONCE.bind(nonce), *params)
+    return jitted(draft, propose, len(unseen), K=K, **static)(draft,
+      device_tokens(unseen), draft.positions.bind(start_pos), key, NONCE.bind(nonce), *params)
   def verify_step(block:Tensor, p:Tensor|None, start_pos:int, nonce:int):  # 2. q at all K+1 positions in one target pass, 3. accept
     q_logits, K = target(block, start_pos), block.shape[1] - 1
-    if p is None: return jitted(target, verify_lookup, K + 1, filtered=filtered)(q_logits, block, key, NONCE.bind(nonce), *params)
-    return jitted(target, verify, K + 1, filtered=filtered)(q_logits, p, block, key, NONCE.bind(nonce), *params)
-  def lookup_block(guess:list[int]) -> Tensor: return Tensor([tokens[-1:] + guess], dtype=dtypes.int32)
+    if p is None: return jitted(target, verify_lookup, K + 1, **static)(q_logits, block, key, NONCE.bind(nonce), *params)
+    return jitted(target, verify, K + 1, **static)(q_logits, p, block, key, NONCE.bind(nonce), *params)
+  def lookup_block(guess:list[int]) -> Tensor: return device_tokens(tokens[-1:] + guess)
 
   def warmup_round(k:int):                       # one round at position 0, before the prefill overwrites it
     if lookup: return verify_step(lookup_block([tokens[0]] * k), None, 0, 0)
@@ -307,11 +326,11 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   t0 = time.perf_counter()
   if lookup:   # a proposal has k tokens or none: a round without a match is the baseline's step
     for k in lookaheads:
-      if jitted(target, verify_lookup, k + 1, filtered=filtered).captured is None: warmup(lambda: warmup_round(k))
-    warmup(lambda: target_step(target, tokens[0], 0, key, 0, params, filtered))
+      if jitted(target, verify_lookup, k + 1, **static).captured is None: warmup(lambda: warmup_round(k))
+    warmup(lambda: target_step(target, tokens[0], 0, key, 0, params, static))
   else:
     for k in lookaheads:
-      if jitted(draft, propose, 1, K=k, filtered=filtered).captured is None:  # the two steps are captured together
+      if jitted(draft, propose, 1, K=k, **static).captured is None:  # the two steps are captured together
         warmup(lambda: draft_step(tokens[:1] * 2, 0, k, 0), lambda: warmup_round(k))
   round_seconds = {k: best_seconds(lambda: read(warmup_round(k), Stats())) for k in lookaheads} if K == "auto" else {}
   stats.t_target = time_target_decode(target, tokens[0])
@@ -331,7 +350,7 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
     else: block, p = draft_step(unseen, len(tokens) - len(unseen), k, 2 * stats.rounds)  # the draft cache rolls back to where unseen go
     t1 = synchronize()
     if k == 0:                                   # nothing to verify: the round is one step of the target alone
-      token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, 2 * stats.rounds + 1, params, filtered), stats)
+      token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, 2 * stats.rounds + 1, params, static), stats)
       events = [dict(id=int(token), source="target", index=0, q=q, p=None)]
     else:                                        # 2., 3.: the round's one read; the target cache rolls back to n-1
       result = read(verify_step(block, p, len(tokens) - 1, 2 * stats.rounds + 1), stats)
@@ -362,10 +381,10 @@ def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
   if (1, 1) not in target.jits or target.jits[(1, 1)].captured is None: warmup(lambda: target(x, 0))
   return best_seconds(lambda: target(x, 0), reps)
 
-def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, nonce:int, params, filtered:bool) -> Tensor:
+def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, nonce:int, params, static:dict) -> Tensor:
   """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw (from stream nonce), [token, q(token)] on the device."""
-  logits = target(Tensor([[token]], dtype=dtypes.int32), start_pos)
-  return jitted(target, next_token, 1, filtered=filtered)(logits, key, NONCE.bind(nonce), *params)
+  logits = target(device_tokens([token]), start_pos)
+  return jitted(target, next_token, 1, **static)(logits, key, NONCE.bind(nonce), *params)
 
 def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
                             seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
@@ -373,9 +392,9 @@ def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens
   tokens = list(prompt_tokens) or [EOT]
   check([target], tokens, max_new_tokens, 1)
   stats, key, params = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size)
-  step = lambda token, start_pos, nonce: target_step(target, token, start_pos, key, nonce, params, sampling.filtered)
+  step = lambda token, start_pos, nonce: target_step(target, token, start_pos, key, nonce, params, sampling.static)
   t0 = time.perf_counter()
-  if jitted(target, next_token, 1, filtered=sampling.filtered).captured is None: warmup(lambda: step(tokens[0], 0, 0))
+  if jitted(target, next_token, 1, **sampling.static).captured is None: warmup(lambda: step(tokens[0], 0, 0))
   stats.t_target = time_target_decode(target, tokens[0])
   stats.time_warmup = time.perf_counter() - t0
   target.prefill(tokens[:-1])

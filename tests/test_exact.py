@@ -94,7 +94,7 @@ def run_verify(p:np.ndarray, q:np.ndarray, drafted:list[int], seed:int=0):
   # logits whose temperature-1 softmax is q (zeros -> -inf is fine for softmax)
   with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q).astype(np.float32))
   out = spec.verify(q_logits, Tensor(p.astype(np.float32)), block, spec.seed_key(seed), 0,
-                    temperature, top_k, top_p, filtered=False).tolist()
+                    temperature, top_k, top_p, **spec.Sampling(1.0).static).tolist()
   return int(out[0]), int(out[1])
 
 def test_verify_keeps_all_when_draft_equals_target_and_draws_the_bonus_from_q_K_plus_1():
@@ -122,6 +122,21 @@ def test_verify_lookup_is_verify_with_a_one_hot_draft():
     with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q / q.sum(1, keepdims=True)).astype(np.float32))
     block = Tensor([[0] + drafted], dtype=dtypes.int32)
     args = (block, spec.seed_key(seed), 0, temperature, top_k, top_p)
-    looked_up = spec.verify_lookup(q_logits, *args, filtered=False).tolist()
-    assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, filtered=False).tolist()
+    looked_up = spec.verify_lookup(q_logits, *args, **spec.Sampling(1.0).static).tolist()
+    assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, **spec.Sampling(1.0).static).tolist()
     assert (looked_up[0] == 0) == (seed % 2 == 0) and looked_up[4:4+K] == drafted
+
+def test_greedy_verify_keeps_the_target_argmax_and_draws_nothing():
+  # greedy rounds are compiled without random draws: keep x~_t while it is q_t's argmax, then emit the argmax of the
+  # first row that disagrees (or of q_K+1); the same for every seed
+  rng, K, V = np.random.default_rng(4), 4, 7
+  temperature, top_k, top_p = spec.Sampling(0.0).tensors(V)
+  for case in range(12):
+    q_logits = rng.standard_normal((K + 1, V)).astype(np.float32)
+    best = q_logits.argmax(1)
+    agree = case % (K + 1)                                     # the first agree drafts are the argmax, the next is not
+    drafted = [int(best[t]) if t < agree else int((best[t] + 1 + t) % V) for t in range(K)]
+    p = np.eye(V, dtype=np.float32)[drafted]                   # a greedy draft is one-hot on its proposal
+    outs = {tuple(spec.verify(Tensor(q_logits), Tensor(p), Tensor([[0] + drafted], dtype=dtypes.int32), spec.seed_key(seed),
+                              seed, temperature, top_k, top_p, **spec.Sampling(0.0).static).tolist()[:2]) for seed in range(3)}
+    assert outs == {(agree, int(best[agree]))}, (case, outs)
