@@ -97,13 +97,13 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
 
 # ***** one round, as JIT-compiled functions of the draft and of the verification *****
 
-def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool, filtered:bool):
+def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, **static):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V)."""
-  u = uniform(key, nonce, K, draft.cfg.vocab_size, greedy=greedy)
+  u = uniform(key, nonce, K, draft.cfg.vocab_size, greedy=static["greedy"])
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
-    p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, greedy=greedy, filtered=filtered)  # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+    p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, **static)    # (1, V) p(x | x_1..x_n, x~_1..x~_t)
     drafted.append(sample(p, u[t:t+1]).realize())                                   # x~_t+1 ~ p; realized, so the next
     ps.append(p)                                                                    # step does not recompute this one
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
@@ -310,10 +310,10 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   lookaheads = LOOKAHEADS if K == "auto" else (K,)
 
   # round r draws from the streams with nonces 2r (draft) and 2r+1 (verification); warm-up's, discarded, from 0
-  def draft_step(unseen:list[int], start_pos:int, K:int, nonce:int):  # 1. x~_1..x~_K ~ p, after feeding the draft what it has not seen
+  def draft_step(unseen:list[int], start_pos:int, K:int, nonce:int):  # 1. x~_1..x~_K ~ p, after what the draft has not seen
     return jitted(draft, propose, len(unseen), K=K, **static)(draft,
       device_tokens(unseen), draft.positions.bind(start_pos), key, NONCE.bind(nonce), *params)
-  def verify_step(block:Tensor, p:Tensor|None, start_pos:int, nonce:int):  # 2. q at all K+1 positions in one target pass, 3. accept
+  def verify_step(block:Tensor, p:Tensor|None, start_pos:int, nonce:int):  # 2. q at all K+1 positions in one pass, 3. accept
     q_logits, K = target(block, start_pos), block.shape[1] - 1
     if p is None: return jitted(target, verify_lookup, K + 1, **static)(q_logits, block, key, NONCE.bind(nonce), *params)
     return jitted(target, verify, K + 1, **static)(q_logits, p, block, key, NONCE.bind(nonce), *params)
@@ -347,7 +347,7 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
     if lookup:                                   # 1. the proposal: k tokens copied from the context, or none
       guess = draft.propose(tokens, k)
       block, p, k = lookup_block(guess) if guess else None, None, len(guess)
-    else: block, p = draft_step(unseen, len(tokens) - len(unseen), k, 2 * stats.rounds)  # the draft cache rolls back to where unseen go
+    else: block, p = draft_step(unseen, len(tokens) - len(unseen), k, 2 * stats.rounds)  # the draft cache rolls back
     t1 = synchronize()
     if k == 0:                                   # nothing to verify: the round is one step of the target alone
       token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, 2 * stats.rounds + 1, params, static), stats)
