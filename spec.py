@@ -97,13 +97,15 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
 
 # ***** one round, as JIT-compiled functions of the draft and of the verification *****
 
-def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, **static):
+def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool,
+            filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V)."""
-  u = uniform(key, nonce, K, draft.cfg.vocab_size, greedy=static["greedy"])
+  u = uniform(key, nonce, K, draft.cfg.vocab_size, greedy=greedy)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
-    p = warp(draft.forward(tokens, pos)[-1:], temperature, top_k, top_p, **static)    # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+    logits = draft.forward(tokens, pos)[-1:]
+    p = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)     # (1, V) p(x | x_1..x_n, x~_1..x~_t)
     drafted.append(sample(p, u[t:t+1]).realize())                                   # x~_t+1 ~ p; realized, so the next
     ps.append(p)                                                                    # step does not recompute this one
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
@@ -142,18 +144,17 @@ def jitted(model:GPT2, fn, width:int, **static) -> TinyJit:
   if key not in jits: jits[key] = TinyJit(functools.partial(fn, **static))
   return jits[key]
 
-_token_buffers: dict[int, tuple[Tensor, list[UOp], TinyJit]] = {}
+_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
 def device_tokens(tokens:list[int]) -> Tensor:
   """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device. Tensor(list) schedules a new host-to-device
   copy on every call (~3 ms on the CPU backend); here a JIT-compiled assign of bound variables writes them into a buffer
   kept per width (one small kernel). The next call of the same width rewrites that buffer."""
   w = len(tokens)
-  if w not in _token_buffers:
-    ids = [UOp.variable(f"token{i}", 0, 2**31 - 1) for i in range(w)]
+  if w not in _token_writers:
     write = lambda buf, *ids: buf.assign(Tensor.stack(*[Tensor(i) for i in ids]).cast(dtypes.int32).reshape(1, w)).realize()
-    _token_buffers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), ids, TinyJit(write)
-  buf, ids, write = _token_buffers[w]
-  return write(buf, *[i.bind(t) for i, t in zip(ids, tokens)])
+    _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(write)
+  buf, write = _token_writers[w]
+  return write(buf, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
 
 def warmup(*steps) -> None:
   """Trace and capture JIT-compiled steps (a TinyJit captures on its second call) before the prefill, at position 0:
