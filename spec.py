@@ -1,26 +1,29 @@
 #!/usr/bin/env python3
-"""spec: exact speculative sampling (Chen et al. 2023, "Accelerating LLM decoding with speculative sampling",
-Algorithm 2) with a small draft GPT-2 and a large target GPT-2 on tinygrad.
+"""spec: exact speculative sampling (Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative
+Sampling", Algorithm 2) with a small draft GPT-2 and a large target GPT-2 on tinygrad.
 
 Notation as in the paper: p is the draft's distribution, q the target's, K the lookahead, n the length of the
-sequence so far. One round:
+sequence so far. One round (speculative_generate's loop):
   1. the draft samples x~_1..x~_K autoregressively, x~_t ~ p(x | x_1..x_n, x~_1..x~_t-1)        propose()
-  2. the target computes q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K) in one forward pass   target(...)
-  3. for t = 1..K: keep x~_t if r_t < min(1, q(x~_t)/p(x~_t)), r_t ~ U[0, 1); at the first rejection
-     draw x ~ norm(max(0, q - p)) and end the round; if all K are kept draw a bonus x ~ q_K+1      verify()
+  2. the target computes q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K) in one forward pass   Verifier
+  3. token by token: keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)), r_t ~ U[0, 1); at the first
+     rejection draw x ~ norm(max(0, q - p)); if all K are kept draw a bonus x ~ q_K+1       token_verification()
+     or, by default, judge the block as a whole (Sun et al. 2025, block verification)     block_verification()
 Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token).
-A round runs on the device; the host reads one small tensor per round.
+A round runs on the device; the host reads one small vector per round.
 Two extensions keep the same verifier: PromptLookup drafts by copying from the context (p is one-hot on its proposal),
 and K="auto" chooses K each round by the measured cost of a round and the running acceptance rate.
+The file reads top to bottom: the algorithm, the drafters, the round loop, tinygrad plumbing, the command line.
 """
 from __future__ import annotations
-import argparse, codecs, functools, json, os, sys, time, weakref
+import argparse, codecs, json, os, sys, time, weakref
 from dataclasses import dataclass, field, asdict
-from tinygrad import Tensor, TinyJit, UOp, Device, dtypes
+from typing import Protocol
+from tinygrad import Tensor, UOp, Device, Context, dtypes
 import models
-from models import EOT, GPT2
+from models import EOT, GPT2, device_tokens
 
-# ***** distributions on the device *****
+# ***** the algorithm: distributions, proposal and verification, as functions on the device *****
 
 @dataclass(frozen=True)
 class Sampling:
@@ -67,10 +70,6 @@ def keep_largest(probs:Tensor, enough) -> Tensor:
     lo, hi = ok.where(mid, lo), ok.where(hi, mid - 1)
   return (bits >= lo).float()
 
-# a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
-# value reaches the compiled function without a host-to-device copy, and nothing recompiles
-NONCE = UOp.variable("nonce", 0, 2**31 - 1)
-
 def uniform(key:Tensor, nonce:int|UOp, *shape:int, greedy:bool=False) -> Tensor:
   """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1. Greedy: all 0.5, nothing drawn,
   because every distribution is one-hot: any u in (0, 1) samples its token, and r < min(1, q(x~)/p(x~)) holds
@@ -95,8 +94,6 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
   diff = (q - p).relu()
   return diff / diff.sum(-1, keepdim=True)
 
-# ***** one round, as JIT-compiled functions of the draft and of the verification *****
-
 def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool,
             filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
@@ -111,16 +108,46 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
   return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
 
-def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool, filtered:bool):
-  """Step 3, modified rejection sampling. q_logits (K+1, V) from the target's pass over block = [x_n, x~_1..x~_K],
-  p (K, V). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one float32 vector."""
+def token_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
+  """Chen et al.: keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)). p, q (K+1, V), drafted, r (K,). Returns n, the number
+  kept, and the distribution of the next token, norm(max(0, q_n - p_n))."""
+  K = drafted.shape[0]
+  kept = r < acceptance(p[:K], q[:K], drafted)
+  n = kept.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min()            # the first rejection, K if none
+  return n, residual(p, q)[n]
+
+def block_acceptance(p:Tensor, q:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor]:
+  """Sun et al. 2025, Alg. 2: the prefix x~_1..x~_i is judged as a whole by w_i = min(1, w_i-1 q(x~_i)/p(x~_i)), w_0 = 1,
+  and the round may stop after it with probability h_i = m_i / (m_i + 1 - w_i), m_i = sum max(0, w_i q_i+1 - p_i+1) the
+  residual mass left there (h_0 = 1; h_K = w_K, as p_K+1 = 0). Returns w, h (K+1,)."""
+  K = drafted.shape[0]
+  ratio = q[Tensor.arange(K), drafted] / p[Tensor.arange(K), drafted]
+  w = [Tensor.ones(1, dtype=q.dtype)]
+  for t in range(K): w.append((w[-1] * ratio[t:t+1]).minimum(1))
+  w = Tensor.cat(*w)
+  m = (w.unsqueeze(-1) * q - p).relu().sum(-1)
+  h = (m > 0).where(m / (m + 1 - w), 0)                                       # 0/0 only where w_i = 1, m_i = 0: go on
+  return w, (Tensor.arange(K + 1) == 0).where(1, h)
+
+def block_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
+  """Block verification: n is the largest i with r_i <= h_i (i >= 1; else 0), the next token is drawn from
+  norm(max(0, w_n q_n+1 - p_n+1)). Same arguments and result as token_verification; never fewer tokens in expectation."""
+  w, h = block_acceptance(p, q, drafted)
+  n = (r.cast(h.dtype).pad(((1, 0),)) <= h).where(Tensor.arange(h.shape[0]), 0).max()   # r_0 = 0: stopping at 0 is always allowed
+  return n, residual(p, w.unsqueeze(-1) * q)[n]
+
+RULES = {"block": block_verification, "token": token_verification}
+
+def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool,
+           filtered:bool, rule:str):
+  """Step 3, modified rejection sampling by a rule of RULES. q_logits (K+1, V) from the target's pass over block =
+  [x_n, x~_1..x~_K], p (K, V). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one
+  float32 vector."""
   K, V = p.shape
   q, drafted = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered), block[0, 1:]
   r = uniform(key, nonce, K + V, greedy=greedy)
-  kept = r[:K] < acceptance(p, q[:K], drafted)                                 # r_t < min(1, q(x~_t)/p(x~_t))
-  n = kept.where(K, Tensor.arange(K)).min()                                    # the first rejection, K if none
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
-  dist = residual(p, q)[n]                                                     # norm(max(0, q_n - p_n)), or the bonus q_K+1
+  n, dist = RULES[rule](p, q, drafted, r[:K])                                  # n kept, the residual or the bonus q_K+1
   token = sample(dist, r[K:])
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
@@ -137,32 +164,34 @@ def next_token(logits:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, 
   token = sample(q, uniform(key, nonce, *q.shape, greedy=greedy))
   return Tensor.stack(token[0].float(), q[0, token[0]]).realize()
 
-_jits: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
-def jitted(model:GPT2, fn, width:int, **static) -> TinyJit:
-  """fn JIT-compiled once per model instance, input width and static arguments (draft and target never share a graph)."""
-  jits, key = _jits.setdefault(model, {}), (fn.__name__, width, *sorted(static.items()))
-  if key not in jits: jits[key] = TinyJit(functools.partial(fn, **static))
-  return jits[key]
+# ***** drafters: what proposes a round's tokens *****
 
-_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
-def device_tokens(tokens:list[int]) -> Tensor:
-  """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device. Tensor(list) schedules a new host-to-device
-  copy on every call (~3 ms on the CPU backend); here a JIT-compiled kernel per width builds them from bound variables
-  (0.3 ms). Its output buffer is the JIT's own, rewritten by the next call of the same width."""
-  w = len(tokens)
-  if w not in _token_writers:  # zeros: a realized input to read, so that the JIT has a kernel to capture and owns its output
-    build = lambda zeros, *ids: (zeros + Tensor.stack(*[Tensor(i) for i in ids]).cast(dtypes.int32).reshape(1, w)).realize()
-    _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
-  zeros, build = _token_writers[w]
-  return build(zeros, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
+class Drafter(Protocol):
+  """Step 1 for the loop: a draft model or prompt lookup, so that the loop never asks which."""
+  kind: str                                        # "model" or "ngram", for the statistics
+  one_hot: bool                                    # propose() returns p = None: one-hot on the block
+  def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
+    """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
+  def ready(self, K:int) -> bool: ...              # its JIT-compiled steps for K are captured
 
-def warmup(*steps) -> None:
-  """Trace and capture JIT-compiled steps (a TinyJit captures on its second call) before the prefill, at position 0:
-  what they write into the caches is overwritten by the prefill or by the first real round before anything reads it."""
-  for _ in range(2):
-    for step in steps: step()
-
-# ***** drafting without a model, and choosing K *****
+class ModelDraft:
+  """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`. Its KV cache
+  rolls back by position: it holds the sequence up to what it last fed, and the round kept a prefix of that."""
+  kind, one_hot = "model", False
+  def __init__(self, model:GPT2, sampling:Sampling, key:Tensor):
+    self.model, self.key, self.params, self.static = model, key, sampling.tensors(model.cfg.vocab_size), sampling.static
+  def reset(self, tokens:list[int]):
+    self.model.prefill(tokens[:-1])
+    self.fed = len(tokens) - 1
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor]:
+    start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
+    self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
+    step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
+    return step(self.model, device_tokens(tokens[start:]), self.model.positions.bind(start), self.key, NONCE.bind(nonce),
+                *self.params)
+  def ready(self, K:int) -> bool:
+    return all(self.model.jit(propose, w, K=K, **self.static).captured is not None for w in (1, 2))
 
 @dataclass(frozen=True)
 class PromptLookup:
@@ -170,11 +199,18 @@ class PromptLookup:
   ngram_max down to ngram_min) and propose the K tokens that followed it. Its distribution is one-hot on the proposal."""
   ngram_max: int = 3
   ngram_min: int = 1
+  kind, one_hot = "ngram", True
 
   def __post_init__(self):
     if not 1 <= self.ngram_min <= self.ngram_max: raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
 
-  def propose(self, tokens:list[int], K:int) -> list[int]:
+  def reset(self, tokens:list[int]): pass
+  def ready(self, K:int) -> bool: return True
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]:
+    """The block [x_n, lookup(tokens, K)]: k = K tokens or, without a match, none (the round is a target step)."""
+    return device_tokens(tokens[-1:] + self.lookup(tokens, K)), None
+
+  def lookup(self, tokens:list[int], K:int) -> list[int]:
     """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end
     runs into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
     for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
@@ -189,7 +225,8 @@ class PromptLookup:
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
 def expected_tokens(alpha:float, K:int) -> float:
-  """E[tokens per round] when each drafted token is kept with probability alpha: (1 - alpha^(K+1)) / (1 - alpha)."""
+  """E[tokens per round] when each drafted token is kept with probability alpha: (1 - alpha^(K+1)) / (1 - alpha), the
+  token-wise figure (block verification keeps at least as many), which is enough to rank the K."""
   return K + 1.0 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
 
 def choose_lookahead(alpha:float, round_seconds:dict[int, float]) -> int:
@@ -201,11 +238,153 @@ class AcceptanceEstimate:
   examined), so alpha = kept / (kept + rejected). Old rounds fade; the prior is one of each (alpha 0.5)."""
   def __init__(self, decay:float=0.95): self.kept, self.rejected, self.decay = 1.0, 1.0, decay
   def update(self, accepted:int, K:int):
-    self.kept, self.rejected = self.decay * self.kept + accepted, self.decay * self.rejected + (accepted < K)
+    if K: self.kept, self.rejected = self.decay * self.kept + accepted, self.decay * self.rejected + (accepted < K)
   @property
   def alpha(self) -> float: return self.kept / (self.kept + self.rejected)
 
-# ***** generation *****
+# ***** the round loop *****
+
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4, max_new_tokens:int=256,
+                         sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None,
+                         verification:str="block") -> tuple[list[int], Stats]:
+  """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
+  draft: a GPT2 or a PromptLookup. K: the lookahead, or "auto" to choose it each round from LOOKAHEADS by measured costs.
+  verification: "block" or "token" (RULES). on_token(dict) is called for each emitted token with its id, source, index
+  in its round, q(x) and p(x)."""
+  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
+  check([target] + ([draft] if isinstance(draft, GPT2) else []), tokens, max_new_tokens, K, verification)
+  key = seed_key(seed)
+  drafter: Drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
+  verifier, stats = Verifier(target, sampling, key, verification), Stats(K=K, draft=drafter.kind, verification=verification)
+  lookaheads, t0 = LOOKAHEADS if K == "auto" else (K,), time.perf_counter()
+  round_seconds = warm_up(drafter, verifier, lookaheads, tokens[0], measure=K == "auto")
+  stats.t_target, stats.time_warmup = time_target_decode(target, tokens[0]), time.perf_counter() - t0
+  target.prefill(tokens[:-1]); drafter.reset(tokens)
+  out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
+  start = time.perf_counter()
+  while not out.done:
+    t0 = time.perf_counter()
+    k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
+    block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                       # 1. x~_1..x~_k ~ p
+    t1 = synchronize()
+    # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
+    result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)  # the target cache rolls back
+    t2, k = time.perf_counter(), block.shape[1] - 1                                    # k < K: prompt lookup found less
+    events = round_events(result, k)
+    alpha.update(len(events) - 1, k)
+    if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow what rounds take
+    stats.add_round(k, len(events) - 1, t1 - t0, t2 - t1)
+    out.emit(events)
+  return out.new, stats.finish(start, len(out.new))
+
+class Output:
+  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
+  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
+    self.tokens, self.new, self.max_new_tokens, self.eos, self.on_token, self.stats = prompt_tokens, [], max_new_tokens, eos, on_token, stats
+    self.done = False
+
+  def emit(self, events:list[dict]) -> None:
+    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is dropped)."""
+    for e in events:
+      self.new.append(e["id"]); self.tokens.append(e["id"])
+      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
+      if self.on_token: self.on_token(e)
+      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
+        self.done = True
+        return
+
+def round_events(result:list[float], K:int) -> list[dict]:
+  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled or bonus token (a round that
+  drafted nothing emits one token of the target's)."""
+  accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
+  events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
+  source = "resampled" if accepted < K else "bonus" if K else "target"
+  return events + [dict(id=token, source=source, index=accepted, q=result[2], p=result[3] if accepted < K else None)]
+
+def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
+                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
+  """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
+  tokens = list(prompt_tokens) or [EOT]
+  check([target], tokens, max_new_tokens, 1)
+  stats, key, params = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size)
+  step = lambda token, start_pos, nonce: target_step(target, token, start_pos, key, nonce, params, sampling.static)
+  t0 = time.perf_counter()
+  if target.jit(next_token, 1, **sampling.static).captured is None:
+    for _ in range(2): step(tokens[0], 0, 0)     # capture before the prefill, at position 0, which it overwrites
+  stats.t_target = time_target_decode(target, tokens[0])
+  stats.time_warmup = time.perf_counter() - t0
+  target.prefill(tokens[:-1])
+  out = Output(tokens, max_new_tokens, eos, on_token, stats)
+  start = time.perf_counter()
+  while not out.done:
+    token, q = read(step(tokens[-1], len(tokens) - 1, len(out.new)), stats)
+    stats.rounds += 1
+    out.emit([dict(id=int(token), source="target", index=0, q=q, p=None)])
+  stats.finish(start, len(out.new))
+  stats.time_verify = stats.time_total
+  return out.new, stats
+
+# ***** tinygrad plumbing: compiled steps, random streams, warm-up, timing *****
+
+# a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
+# value reaches the compiled function without a host-to-device copy, and nothing recompiles
+NONCE = UOp.variable("nonce", 0, 2**31 - 1)
+
+def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
+
+class Verifier:
+  """Steps 2 and 3: the target's pass over the block, then verify() by the rule, JIT-compiled per width and rule; a
+  one-hot p (prompt lookup) is built inside the same call."""
+  def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
+    self.target, self.key, self.params = target, key, sampling.tensors(target.cfg.vocab_size)
+    self.static = {**sampling.static, "rule": rule}
+  def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
+    q_logits, args = self.target(block, start_pos), (self.key, NONCE.bind(nonce), *self.params)
+    if p is None: return self.jit(block.shape[1], True)(q_logits, block, *args)
+    return self.jit(block.shape[1], False)(q_logits, p, block, *args)
+  def jit(self, width:int, one_hot:bool): return self.target.jit(verify_lookup if one_hot else verify, width, **self.static)
+  def ready(self, K:int, one_hot:bool) -> bool:  # a one-hot draft also has rounds without a proposal
+    return all(self.jit(k + 1, one_hot).captured is not None for k in ((0, K) if one_hot else (K,)))
+
+def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:bool) -> dict[int, float]:
+  """Capture the JIT-compiled steps of every K before the prefill, at positions 0 and 1, so that what warm-up writes
+  into the caches is overwritten before anything reads it: a round after one new token and after two (a draft model's
+  catch-up after a full accept; prompt lookup without and with a match). measure: also the seconds of a round with
+  each K (best of 3), which -K auto starts from."""
+  def round_(context:list[int], k:int) -> Tensor:
+    drafter.reset([token])
+    return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
+  for k in lookaheads:
+    if drafter.ready(k) and verifier.ready(k, drafter.one_hot): continue
+    for _ in range(2):                           # a TinyJit captures on its second call
+      for context in ([token], [token, token]): round_(context, k)
+  return {k: best_seconds(lambda: read(round_([token, token], k), Stats())) for k in lookaheads} if measure else {}
+
+def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, nonce:int, params, static:dict) -> Tensor:
+  """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw (from stream nonce), [token, q(token)] on the device."""
+  return target.jit(next_token, 1, **static)(target([token], start_pos), key, NONCE.bind(nonce), *params)
+
+_decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
+def time_target_decode(target:GPT2, token:int) -> float:
+  """Seconds for one JIT-compiled one-token decode of this model, measured in its first run at position 0 before the
+  prefill rewrites it (the best of 3: a JIT that is not captured yet spends its first two calls capturing)."""
+  if target not in _decode_seconds: _decode_seconds[target] = best_seconds(lambda: target([token], 0), 3)
+  return _decode_seconds[target]
+
+def best_seconds(fn, reps:int=3) -> float:
+  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
+  best = float("inf")
+  for _ in range(reps):
+    t0 = synchronize(); fn(); best = min(best, synchronize() - t0)
+  return best
+
+def synchronize() -> float:
+  Device[Device.DEFAULT].synchronize()
+  return time.perf_counter()
+
+def read(t:Tensor, stats:Stats) -> list:
+  stats.host_syncs += 1
+  return t.tolist()
 
 @dataclass
 class Stats:
@@ -217,11 +396,12 @@ class Stats:
   time_draft: float = 0.0         # seconds, synchronized at phase boundaries
   time_verify: float = 0.0
   time_total: float = 0.0
-  t_target: float = 0.0           # one-token target decode, measured in this run
+  t_target: float = 0.0           # one-token target decode, measured in the first run with this model
   t_draft: float = 0.0            # one draft pass (with its sampling); for prompt lookup, the lookup per drafted token
   time_warmup: float = 0.0        # JIT capture and cost measurements, not in time_total
   K: int | str = 0                # the lookahead asked for: a number, or "auto"; 0 for the baseline
   draft: str = ""                 # "model", "ngram", or "" for the baseline
+  verification: str = ""          # "block" or "token" (RULES), "" for the baseline
   lookaheads: dict = field(default_factory=dict)  # rounds by the number of tokens drafted in them
   sources: dict = field(default_factory=dict)     # emitted tokens by source: accepted / resampled / bonus / target
 
@@ -245,6 +425,11 @@ class Stats:
     K = self.mean_lookahead
     return self.r_prime * (K + 1) * self.t_target / (self.t_draft * K + self.t_target)
 
+  def add_round(self, drafted:int, accepted:int, time_draft:float, time_verify:float):
+    self.rounds += 1; self.drafted += drafted; self.accepted += accepted
+    self.lookaheads[drafted] = self.lookaheads.get(drafted, 0) + 1
+    self.time_draft += time_draft; self.time_verify += time_verify
+
   def finish(self, start:float, new_tokens:int) -> Stats:
     self.time_total, self.new_tokens = time.perf_counter() - start, new_tokens
     if self.drafted: self.t_draft = self.time_draft / self.drafted
@@ -255,9 +440,10 @@ class Stats:
              "time_other", "theoretical_speedup")
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
-def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str):
-  """Bad requests fail here, before any work (with no models yet: only K and max_new_tokens)."""
+def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block"):
+  """Bad requests fail here, before any work (with no models yet: only K, max_new_tokens and the rule)."""
   if K != "auto" and not (isinstance(K, int) and K >= 1): raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
+  if verification not in RULES: raise ValueError(f"verification must be {' or '.join(RULES)}, got {verification!r}")
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
   vocabs = {m.cfg.vocab_size for m in models_}
   if len(vocabs) > 1: raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
@@ -266,148 +452,6 @@ def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int
   context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
-
-def synchronize() -> float:
-  Device[Device.DEFAULT].synchronize()
-  return time.perf_counter()
-
-def read(t:Tensor, stats:Stats) -> list:
-  stats.host_syncs += 1
-  return t.tolist()
-
-class Output:
-  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
-  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
-    self.tokens, self.new, self.max_new_tokens, self.eos, self.on_token, self.stats = prompt_tokens, [], max_new_tokens, eos, on_token, stats
-    self.done = False
-
-  def emit(self, events:list[dict]) -> None:
-    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is dropped)."""
-    for e in events:
-      self.new.append(e["id"]); self.tokens.append(e["id"])
-      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
-      if self.on_token: self.on_token(e)
-      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
-        self.done = True
-        return
-
-def round_events(result:list[float], K:int) -> list[dict]:
-  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled or bonus token."""
-  accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
-  events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
-  return events + [dict(id=token, source="resampled" if accepted < K else "bonus", index=accepted, q=result[2],
-                        p=result[3] if accepted < K else None)]
-
-def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4, max_new_tokens:int=256,
-                         sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
-  """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
-  draft: a GPT2 or a PromptLookup. K: the lookahead, or "auto" to choose it each round from LOOKAHEADS by measured costs.
-  on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
-  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  lookup = isinstance(draft, PromptLookup)
-  check([target] if lookup else [target, draft], tokens, max_new_tokens, K)
-  stats = Stats(K=K, draft="ngram" if lookup else "model")
-  key, params, static = seed_key(seed), sampling.tensors(target.cfg.vocab_size), sampling.static
-  lookaheads = LOOKAHEADS if K == "auto" else (K,)
-
-  # round r draws from the streams with nonces 2r (draft) and 2r+1 (verification); warm-up's, discarded, from 0
-  def draft_step(unseen:list[int], start_pos:int, K:int, nonce:int):  # 1. x~_1..x~_K ~ p, after what the draft has not seen
-    return jitted(draft, propose, len(unseen), K=K, **static)(draft,
-      device_tokens(unseen), draft.positions.bind(start_pos), key, NONCE.bind(nonce), *params)
-  def verify_step(block:Tensor, p:Tensor|None, start_pos:int, nonce:int):  # 2. q at all K+1 positions in one pass, 3. accept
-    q_logits, K = target(block, start_pos), block.shape[1] - 1
-    if p is None: return jitted(target, verify_lookup, K + 1, **static)(q_logits, block, key, NONCE.bind(nonce), *params)
-    return jitted(target, verify, K + 1, **static)(q_logits, p, block, key, NONCE.bind(nonce), *params)
-  def lookup_block(guess:list[int]) -> Tensor: return device_tokens(tokens[-1:] + guess)
-
-  def warmup_round(k:int):                       # one round at position 0, before the prefill overwrites it
-    if lookup: return verify_step(lookup_block([tokens[0]] * k), None, 0, 0)
-    return verify_step(*draft_step(tokens[:1], 0, k, 0), 0, 0)
-
-  t0 = time.perf_counter()
-  if lookup:   # a proposal has k tokens or none: a round without a match is the baseline's step
-    for k in lookaheads:
-      if jitted(target, verify_lookup, k + 1, **static).captured is None: warmup(lambda: warmup_round(k))
-    warmup(lambda: target_step(target, tokens[0], 0, key, 0, params, static))
-  else:
-    for k in lookaheads:
-      if jitted(draft, propose, 1, K=k, **static).captured is None:  # the two steps are captured together
-        warmup(lambda: draft_step(tokens[:1] * 2, 0, k, 0), lambda: warmup_round(k))
-  round_seconds = {k: best_seconds(lambda: read(warmup_round(k), Stats())) for k in lookaheads} if K == "auto" else {}
-  stats.t_target = time_target_decode(target, tokens[0])
-  stats.time_warmup = time.perf_counter() - t0
-  target.prefill(tokens[:-1])
-  if not lookup: draft.prefill(tokens[:-1])
-
-  out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
-  unseen = tokens[-1:]                           # what the draft model has not consumed yet: x_n
-  start = time.perf_counter()
-  while not out.done:
-    k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
-    t0 = time.perf_counter()
-    if lookup:                                   # 1. the proposal: k tokens copied from the context, or none
-      guess = draft.propose(tokens, k)
-      block, p, k = lookup_block(guess) if guess else None, None, len(guess)
-    else: block, p = draft_step(unseen, len(tokens) - len(unseen), k, 2 * stats.rounds)  # the draft cache rolls back
-    t1 = synchronize()
-    if k == 0:                                   # nothing to verify: the round is one step of the target alone
-      token, q = read(target_step(target, tokens[-1], len(tokens) - 1, key, 2 * stats.rounds + 1, params, static), stats)
-      events = [dict(id=int(token), source="target", index=0, q=q, p=None)]
-    else:                                        # 2., 3.: the round's one read; the target cache rolls back to n-1
-      result = read(verify_step(block, p, len(tokens) - 1, 2 * stats.rounds + 1), stats)
-      events = round_events(result, k)
-      alpha.update(int(result[0]), k)
-      # 4. a draft model has consumed x_n, x~_1..x~_k-1; after a full accept it has yet to see x~_k, then the bonus token
-      unseen = [int(result[3 + k]), events[-1]["id"]] if int(result[0]) == k else [events[-1]["id"]]
-    t2 = time.perf_counter()
-    if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow what rounds take
-    stats.rounds += 1; stats.drafted += k; stats.accepted += len(events) - 1
-    stats.lookaheads[k] = stats.lookaheads.get(k, 0) + 1
-    stats.time_draft += t1 - t0; stats.time_verify += t2 - t1
-    out.emit(events)
-  return out.new, stats.finish(start, len(out.new))
-
-def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
-
-def best_seconds(fn, reps:int=3) -> float:
-  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
-  best = float("inf")
-  for _ in range(reps):
-    t0 = synchronize(); fn(); best = min(best, synchronize() - t0)
-  return best
-
-def time_target_decode(target:GPT2, token:int, reps:int=3) -> float:
-  """Seconds for one JIT-compiled one-token target decode, measured at position 0 before the prefill rewrites it."""
-  x = Tensor([[token]], dtype=dtypes.int32)
-  if (1, 1) not in target.jits or target.jits[(1, 1)].captured is None: warmup(lambda: target(x, 0))
-  return best_seconds(lambda: target(x, 0), reps)
-
-def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, nonce:int, params, static:dict) -> Tensor:
-  """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw (from stream nonce), [token, q(token)] on the device."""
-  logits = target(device_tokens([token]), start_pos)
-  return jitted(target, next_token, 1, **static)(logits, key, NONCE.bind(nonce), *params)
-
-def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
-                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
-  """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
-  tokens = list(prompt_tokens) or [EOT]
-  check([target], tokens, max_new_tokens, 1)
-  stats, key, params = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size)
-  step = lambda token, start_pos, nonce: target_step(target, token, start_pos, key, nonce, params, sampling.static)
-  t0 = time.perf_counter()
-  if jitted(target, next_token, 1, **sampling.static).captured is None: warmup(lambda: step(tokens[0], 0, 0))
-  stats.t_target = time_target_decode(target, tokens[0])
-  stats.time_warmup = time.perf_counter() - t0
-  target.prefill(tokens[:-1])
-  out = Output(tokens, max_new_tokens, eos, on_token, stats)
-  start = time.perf_counter()
-  while not out.done:
-    token, q = read(step(tokens[-1], len(tokens) - 1, len(out.new)), stats)
-    stats.rounds += 1
-    out.emit([dict(id=int(token), source="target", index=0, q=q, p=None)])
-  stats.finish(start, len(out.new))
-  stats.time_verify = stats.time_total
-  return out.new, stats
 
 # ***** command line *****
 
@@ -428,7 +472,7 @@ def summary(stats:Stats) -> str:
   shown = "" if stats.K != "auto" and stats.draft == "model" else \
     " (rounds by tokens drafted: " + ", ".join(f"{k}: {n}" for k, n in sorted(stats.lookaheads.items())) + ")"
   return s + (f", {drafts}\n"
-    f"  K={stats.K}{shown}: accepted {stats.accepted}/{stats.drafted} drafted (alpha {stats.acceptance_rate:.3f}), "
+    f"  K={stats.K}{shown}, {stats.verification} verification: accepted {stats.accepted}/{stats.drafted} drafted (alpha {stats.acceptance_rate:.3f}), "
     f"{stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
     f"  time: draft {stats.time_draft:.2f} s, verify {stats.time_verify:.2f} s, other {stats.time_other:.2f} s; "
     f"t_draft {stats.t_draft*1e3:.1f} ms, t_target {stats.t_target*1e3:.1f} ms\n"
@@ -459,6 +503,9 @@ def parse_args(argv=None):
   ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
   ap.add_argument("-K", "--lookahead", type=lookahead, default=4, help="tokens the draft proposes per round; 'auto' "
                   f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the running acceptance")
+  ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
+                  "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. 2023). "
+                  "Both keep the target's distribution exactly")
   ap.add_argument("-n", "--max-new-tokens", type=int, default=256, help="new tokens to generate")
   ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the target's exact greedy output)")
   ap.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 keeps all")
@@ -468,20 +515,38 @@ def parse_args(argv=None):
   ap.add_argument("--compare", action="store_true", help="run the target alone first, then speculative sampling, and compare")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
   ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, p)")
+  ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations and "
+                  "KV cache (logits and sampling are float32); auto: float32 on the CPU backend, float16 on GPU backends, "
+                  "which read half the bytes and compute in half natively")
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
   return ap.parse_args(argv)
+
+def check_device() -> None:
+  """Compile and run one kernel on tinygrad's device (DEV, else the first that opens): a machine without a usable one
+  fails here in one line, not in a traceback from the first forward pass. Native compilers' messages are silenced."""
+  asked = os.environ.get("DEV") or "unset"   # read first: tinygrad sets DEV when it picks a device
+  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    with Context(CACHELEVEL=0): (Tensor([1]) + 1).item()   # compiled now, not found in tinygrad's disk cache
+  except Exception as e:
+    why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    raise OSError(f"no usable tinygrad device (DEV {asked}; {why}): install clang for the CPU backend (Linux: apt-get "
+                  "install clang) or a GPU backend, and choose it with DEV=CPU, DEV=CUDA, DEV=METAL, DEV=CL, ...") from None
+  finally: os.dup2(saved, 2); os.close(saved); os.close(devnull)
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   try:
+    check_device()
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     check([], [], args.max_new_tokens, args.lookahead)
     prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
-    target = models.load(args.target, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
-    if args.draft != "ngram": draft = models.load(args.draft, half=Device.DEFAULT != "CPU", dummy=args.dummy_weights)
+    target = models.load(args.target, args.dtype, dummy=args.dummy_weights)
+    if args.draft != "ngram": draft = models.load(args.draft, args.dtype, dummy=args.dummy_weights)
     check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
     print(f"spec.py: error: {e}", file=sys.stderr)
@@ -499,7 +564,7 @@ def main(argv=None) -> int:
     printer = Printer(enc, color)
     if stream: print(f"{'-'*20} {name} {'-'*20}\n{prompt}", end="", flush=True)
     if name == "baseline": out = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
-    else: out = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token)
+    else: out = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token, verification=args.verify)
     results[name] = out
     if stream: print(f"\n{'-'*20} {name}: {summary(out[1])}\n")
   if trace: trace.close()

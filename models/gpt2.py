@@ -6,10 +6,11 @@ caller passes next; rolling back r tokens is calling with a start position r sma
 recomputed: the stale entries are overwritten before anything reads them).
 """
 from __future__ import annotations
-import functools, json, os, pathlib, urllib.error
+import functools, json, math, os, pathlib
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, dtypes, nn
-from tinygrad.helpers import fetch
+from tinygrad.dtype import DType
+from models import hub
 from tinygrad.nn.state import safe_load, safe_load_metadata, get_state_dict, load_state_dict
 
 @dataclass(frozen=True)
@@ -30,14 +31,15 @@ class GPT2Config:
     C, L = self.n_embd, self.n_layer
     return self.vocab_size*C + self.n_positions*C + L*(12*C*C + 13*C) + 2*C
 
-# The released OpenAI checkpoints (parameter counts from GPT2Config.n_params).
+# The released OpenAI checkpoints, on the Hugging Face hub as openai-community/<name>: their shapes for --dummy-weights
+# and documentation (a download builds the model from its config.json). Parameter counts from GPT2Config.n_params.
 CONFIGS = {
   "gpt2":        GPT2Config(n_layer=12, n_head=12, n_embd=768),   # 124M
   "gpt2-medium": GPT2Config(n_layer=24, n_head=16, n_embd=1024),  # 355M
   "gpt2-large":  GPT2Config(n_layer=36, n_head=20, n_embd=1280),  # 774M
   "gpt2-xl":     GPT2Config(n_layer=48, n_head=25, n_embd=1600),  # 1558M
 }
-HF_URL = "https://huggingface.co/openai-community/{name}/resolve/main/model.safetensors"
+HUB_ORG = "openai-community"
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 EOT = 50256  # <|endoftext|>
 
@@ -56,7 +58,9 @@ class Attention:
     q, k, v = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
     self.cache_kv[:, :, :, start_pos:start_pos+T].assign(Tensor.stack(k, v))
     keys, values = self.cache_kv[0, :, :, :start_pos+T], self.cache_kv[1, :, :, :start_pos+T]  # (B, H, start_pos+T, D)
-    y = q.scaled_dot_product_attention(keys, values, mask)                                    # (B, H, T, D)
+    # scores and softmax in float32 whatever the dtype: precision, and tinygrad 0.14 miscompiles a max over emulated half
+    scores = q.matmul(keys.transpose(-2, -1), dtype=dtypes.float32) / math.sqrt(self.head_dim)  # (B, H, T, start_pos+T)
+    y = (scores if mask is None else scores + mask).softmax(-1).cast(x.dtype) @ values        # (B, H, T, D)
     return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 class MLP:
@@ -75,39 +79,48 @@ class Block:
     return (x + self.mlp(self.ln_2(x))).contiguous()
 
 class GPT2:
-  def __init__(self, cfg:GPT2Config, half:bool=False):
-    self.cfg, self.dtype = cfg, dtypes.half if half else dtypes.float32
+  def __init__(self, cfg:GPT2Config, dtype:DType=dtypes.float32):
+    self.cfg, self.dtype = cfg, dtype
     # wte has padded_vocab rows; the ones past vocab_size are never looked up and their logits are dropped
     self.wte, self.wpe = nn.Embedding(cfg.padded_vocab, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
     self.h = [Block(cfg, self.dtype) for _ in range(cfg.n_layer)]
     self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+    for t in get_state_dict(self).values(): t.replace(t.cast(dtype))  # weights, and so activations, in dtype
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
-    # one JIT per (input width, padded width), owned by this instance: a TinyJit on the class would be shared by
-    # draft and target
-    self.jits: dict[tuple[int, int], TinyJit] = {}
+    # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
+    self.jits: dict[tuple, TinyJit] = {}
+
+  def jit(self, fn, T:int, **static) -> TinyJit:
+    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them)."""
+    key = (fn.__name__, T, *sorted(static.items()))
+    if key not in self.jits: self.jits[key] = TinyJit(functools.partial(fn, **static))
+    return self.jits[key]
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
-    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
+    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each.
+    Weights, activations and the KV cache are in self.dtype; the lm_head accumulates into float32 logits."""
     T = tokens.shape[1]
     # the lookup indexes the vocabulary's rows only: over all padded_vocab rows tinygrad splits it into a slow reduce
     x = self.wte.weight[:self.cfg.vocab_size][tokens] + self.wpe.weight.shrink(((start_pos, start_pos+T), None))  # (1, T, C)
-    mask = Tensor.full((1, 1, T, start_pos+T), float("-inf"), dtype=x.dtype).triu(start_pos+1) if T > 1 else None
+    mask = Tensor.full((1, 1, T, start_pos+T), float("-inf")).triu(start_pos+1) if T > 1 else None
     for block in self.h: x = block(x, start_pos, mask)
     # lm_head tied to wte, over padded_vocab rows: tinygrad's heuristics split a matmul's output axis (into registers
     # and threads) only by factors that divide it, and 50257 = 29 x 1733 (unpadded, gpt2-xl's lm_head took 85 ms, padded 36)
-    logits = (self.ln_f(x)[0] @ self.wte.weight.T).contiguous()                                # (T, padded_vocab)
-    return logits[:, :self.cfg.vocab_size].float().contiguous()                                # (T, vocab)
+    logits = self.ln_f(x)[0].matmul(self.wte.weight.T, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
+    return logits[:, :self.cfg.vocab_size].contiguous()                                        # (T, vocab)
 
-  def __call__(self, tokens:Tensor, start_pos:int) -> Tensor:
-    """JIT-compiled forward: after two calls of a width nothing compiles again, whatever start_pos is. T tokens run as
-    a pass of padded_width(T) (repeating the last token) when the context has room: the extra rows' logits are dropped,
-    and the cache entries they write lie past the T tokens, so they are overwritten before anything reads them."""
+  def __call__(self, tokens:Tensor|list[int], start_pos:int) -> Tensor:
+    """JIT-compiled forward of tokens (1, T) or a list: after two calls of a width nothing compiles again, whatever
+    start_pos is. T tokens run as a pass of padded_width(T) (repeating the last token) when the context has room: the
+    extra rows' logits are dropped, and the cache entries they write lie past the T tokens, so they are overwritten
+    before anything reads them."""
+    if isinstance(tokens, list): tokens = device_tokens(tokens)
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
     W = padded_width(T) if start_pos + padded_width(T) <= self.cfg.n_positions else T  # no room: run unpadded
-    jit = self.jits.setdefault((T, W), TinyJit(functools.partial(self.forward_padded, width=W)))
-    return jit(tokens.clone(), self.positions.bind(start_pos))  # a fresh buffer: one input layout, whoever made tokens
+    # a fresh buffer: one input layout, whoever made tokens
+    return self.jit(self.forward_padded, T, width=W)(tokens.clone(), self.positions.bind(start_pos))
 
   def forward_padded(self, tokens:Tensor, start_pos:int|UOp, width:int) -> Tensor:
     """forward() at `width` >= T positions, repeating the last token; the logits (T, vocab) of the T real ones."""
@@ -119,6 +132,18 @@ class GPT2:
     """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, like every width)."""
     if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0).realize()
 
+_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
+def device_tokens(tokens:list[int]) -> Tensor:
+  """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device. Tensor(list) schedules a new host-to-device
+  copy on every call (~3 ms on the CPU backend); here a JIT-compiled kernel per width builds them from bound variables
+  (0.3 ms). Its output buffer is the JIT's own, rewritten by the next call of the same width."""
+  w = len(tokens)
+  if w not in _token_writers:  # zeros: a realized input to read, so that the JIT has a kernel to capture and owns its output
+    build = lambda zeros, *ids: (zeros + Tensor.stack(*[Tensor(i) for i in ids]).cast(dtypes.int32).reshape(1, w)).realize()
+    _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
+  zeros, build = _token_writers[w]
+  return build(zeros, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
+
 def padded_width(T:int) -> int:
   """The width a T-token pass runs at. tinygrad's kernel heuristics split a matmul's row axis by 4 or 3 only, so a
   pass of 5 rows reads every weight 5 times and one of 8 rows twice: round up to a multiple of 4, unless T already is a
@@ -127,18 +152,30 @@ def padded_width(T:int) -> int:
 
 # ***** loading *****
 
-def load(name_or_dir:str, half:bool=False, dummy:bool=False) -> GPT2:
-  """A model by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: downloaded once, then cached) or from a local
-  Hugging Face checkpoint directory (config.json + model.safetensors). dummy=True: random weights of that shape."""
-  path = pathlib.Path(name_or_dir)
-  if path.is_dir(): cfg, weights = _read_config(path / "config.json"), path / "model.safetensors"
-  elif name_or_dir in CONFIGS: cfg, weights = CONFIGS[name_or_dir], None
-  elif "/" in name_or_dir or name_or_dir.startswith("."): raise CheckpointError(f"{name_or_dir}: no such checkpoint directory")
-  else: raise CheckpointError(f"unknown model {name_or_dir!r}: use one of {', '.join(CONFIGS)} or a local checkpoint directory")
-  model = GPT2(cfg, half)
+DTYPES = {"float32": dtypes.float32, "float16": dtypes.float16}
+
+def resolve_dtype(name:str) -> DType:
+  """"auto" is float32 on the CPU backend, float16 on every other: a GPU reads half the bytes per decode and computes in
+  half natively, while a CPU converts every half value to float and gains little from the smaller weights."""
+  if name == "auto": name = "float32" if Device.DEFAULT.split(":")[0] == "CPU" else "float16"
+  if name not in DTYPES: raise ValueError(f"dtype must be auto, {' or '.join(DTYPES)}, got {name!r}")
+  return DTYPES[name]
+
+def load(name_or_dir:str, dtype:str="auto", dummy:bool=False) -> GPT2:
+  """A model by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: from the Hugging Face cache, else downloaded into it;
+  models/hub.py) or from a local Hugging Face checkpoint directory (config.json + model.safetensors), its weights in
+  dtype ("auto", "float32", "float16"). dummy=True: random weights of that shape, nothing read or downloaded."""
+  path, dtype_ = pathlib.Path(name_or_dir), resolve_dtype(dtype)
+  if name_or_dir in CONFIGS and not path.is_dir():
+    if dummy: return _randomize(GPT2(CONFIGS[name_or_dir], dtype_))
+    try: path = hub.snapshot(f"{HUB_ORG}/{name_or_dir}")
+    except hub.HubError as e: raise CheckpointError(str(e)) from None
+  elif not path.is_dir():
+    if "/" in name_or_dir or name_or_dir.startswith("."): raise CheckpointError(f"{name_or_dir}: no such checkpoint directory")
+    raise CheckpointError(f"unknown model {name_or_dir!r}: use one of {', '.join(CONFIGS)} or a local checkpoint directory")
+  model = GPT2(_read_config(path / "config.json"), dtype_)
   if dummy: return _randomize(model)
-  if weights is None: weights = _download(name_or_dir)
-  _load_weights(model, weights)
+  _load_weights(model, path / "model.safetensors")
   return model
 
 def _read_config(fn:pathlib.Path) -> GPT2Config:
@@ -151,12 +188,6 @@ def _read_config(fn:pathlib.Path) -> GPT2Config:
   if raw["n_embd"] % raw["n_head"]: raise CheckpointError(f"{fn}: n_embd {raw['n_embd']} is not a multiple of n_head {raw['n_head']}")
   return GPT2Config(**{k: raw[k] for k in ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")},
                     layer_norm_epsilon=raw.get("layer_norm_epsilon", 1e-5))
-
-def _download(name:str) -> pathlib.Path:
-  try: return fetch(HF_URL.format(name=name), name=f"{name}.safetensors", subdir="spec")
-  except (urllib.error.URLError, OSError) as e:
-    raise CheckpointError(f"cannot download {name} ({getattr(e, 'reason', e)}): offline? pass a local checkpoint directory "
-                          "(config.json + model.safetensors) instead of the name") from None
 
 def _load_weights(model:GPT2, fn:pathlib.Path) -> None:
   if not fn.is_file(): raise CheckpointError(f"{fn}: missing")
@@ -185,8 +216,8 @@ def _randomize(model:GPT2) -> GPT2:
   """Random weights of the right shapes and GPT-2-like scale (no download): for benchmarks anywhere."""
   for k, t in get_state_dict(model).items():
     if "cache_kv" in k: continue
-    if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")): t.assign(Tensor.ones(*t.shape, dtype=t.dtype)).realize()
-    else: t.assign(Tensor.normal(*t.shape, std=0.02, dtype=t.dtype)).realize()  # one at a time: no peak of temporaries
+    if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")): t.replace(Tensor.ones(*t.shape, dtype=t.dtype).contiguous().realize())
+    else: t.replace(Tensor.normal(*t.shape, std=0.02, dtype=t.dtype).realize())  # one at a time: no peak of temporaries
   return model
 
 def tokenizer():

@@ -13,7 +13,7 @@ the same prompts and token counts. From those:
   theoretical (the seed)  = r'(K+1) t_target / (K t_draft + t_target)
   overhead-aware          = (tokens per round) t_target / (K t_draft + t_verify(K+1))
   efficiency              = measured / overhead-aware  (1.0: the loop around the forward passes costs nothing)
-plus the memory read bandwidth, the gpt2-xl decode as a multiple of (weight bytes / bandwidth) with tinygrad's default
+plus the memory read bandwidth (a matrix-vector product over 1 GiB, tinygrad's and numpy's BLAS), the gpt2-xl decode as a multiple of (weight bytes / bandwidth) with tinygrad's default
 kernels and with kernels chosen by its BEAM search (what JITBEAM=2 gives a user), the peak resident memory against
 weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
@@ -42,14 +42,17 @@ KS = (1, 2, 4, 8)
 SEED_R_PRIME, SEED_K, SEED_SPEEDUP = 0.8125, 4, 2.12  # the seed's gpt2-xl/gpt2 run on its GPU
 
 def bandwidth(nbytes:int=1 << 30, reps:int=5) -> dict[str, float]:
-  """Memory read bandwidth in bytes/s: a sum over a buffer far larger than the caches, with tinygrad on this device and
-  with numpy (on the CPU; tinygrad's default sum kernel reads slower than the memory can deliver)."""
-  x = Tensor.ones(nbytes // 4, dtype=dtypes.float32).contiguous().realize()
-  x.sum().realize()
-  measured = {"tinygrad": nbytes / spec.best_seconds(lambda: x.sum().realize(), reps)}
-  if Device.DEFAULT == "CPU":
-    a = np.ones(nbytes // 4, dtype=np.float32)
-    measured["numpy"] = nbytes / spec.best_seconds(a.sum, reps)
+  """Memory read bandwidth in bytes/s of the kernel a decode is, a matrix-vector product over a matrix far larger than
+  the caches (16384 x 16384 float32 = 1 GiB): tinygrad's on this device, and numpy's BLAS (on the CPU; numpy's sum is
+  compute-bound, pairwise summation, and reads far below what the memory delivers)."""
+  n = int((nbytes // 4) ** 0.5)
+  a, v = Tensor.ones(n, n, dtype=dtypes.float32).contiguous().realize(), Tensor.ones(n, dtype=dtypes.float32).contiguous().realize()
+  matvec = TinyJit(lambda a, v: (a @ v).realize())
+  for _ in range(2): matvec(a, v)
+  measured = {"tinygrad matvec": nbytes / spec.best_seconds(lambda: matvec(a, v), reps)}
+  if Device.DEFAULT.split(":")[0] == "CPU":
+    a, v = np.ones((n, n), dtype=np.float32), np.ones(n, dtype=np.float32)
+    measured["numpy BLAS matvec"] = nbytes / spec.best_seconds(lambda: a @ v, reps)
   return measured
 
 def forward_time(model:models.GPT2, width:int, reps:int) -> float:
@@ -100,7 +103,8 @@ def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify) -> dict:
               ar_overhead=(ar[0] / ar[1]) / t_target, compiled=ar[2] + sp[2], lookaheads=lookaheads)
 
 def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(0.0, 1.0), Ks=KS + ("auto",)) -> dict:
-  """draft: a GPT2, or PromptLookup() (then t_draft is the host lookup, measured in the runs)."""
+  """draft: a GPT2, or PromptLookup() (then t_draft is the host lookup, measured in the runs). Both verification rules
+  at T > 0; at T = 0 they keep the same tokens in the same rounds, so only the default (block) runs."""
   lookup = isinstance(draft, spec.PromptLookup)
   t_target, t_draft = forward_time(target, 1, reps), 0.0 if lookup else forward_time(draft, 1, reps)
   t_verify = {0: t_target, **{K: forward_time(target, K + 1, reps) for K in spec.LOOKAHEADS}}  # keyed by K: width K+1
@@ -108,13 +112,13 @@ def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(
   for T in temperatures:
     sampling = Sampling(T)
     ar_s, ar_n, _, ar_compiled = generate_all(lambda p, k: autoregressive_generate(target, p, k, sampling, eos=None), prompts, n)
-    for K in Ks:
-      fn = lambda p, k: speculative_generate(target, draft, p, K, k, sampling, eos=None)
+    for K, rule in [(K, rule) for K in Ks for rule in (spec.RULES if T > 0 else ["block"])]:
+      fn = lambda p, k: speculative_generate(target, draft, p, K, k, sampling, eos=None, verification=rule)
       sp_s, sp_n, stats, compiled = generate_all(fn, prompts, n)
       r = row(K, T, stats, (ar_s, ar_n, ar_compiled), (sp_s, sp_n, compiled), t_target,
               sum(s.time_draft for s in stats) / max(1, sum(s.drafted for s in stats)) if lookup else t_draft, t_verify)
-      rows.append(r)
-      print(f"  {name} T={T:g} K={K}: alpha {r['alpha']:.3f}, measured {r['measured']:.2f}x"
+      rows.append(r | dict(rule=rule))
+      print(f"  {name} T={T:g} K={K} {rule}: alpha {r['alpha']:.3f}, tokens/round {r['tokens_per_round']:.2f}, measured {r['measured']:.2f}x"
             + f", overhead-aware {r['overhead_aware']:.2f}x, efficiency {r['efficiency']:.2f}"
             + (f", rounds by K {r['lookaheads']}" if K == "auto" or lookup else ""), file=sys.stderr, flush=True)
   return dict(pair=name, t_target=t_target, t_draft=t_draft, t_verify=t_verify, rows=rows)
@@ -123,12 +127,12 @@ def table(result:dict) -> str:
   f = lambda v, fmt: "-" if v is None else format(v, fmt)
   lines = [f"### {result['pair']}: t_target {result['t_target']*1e3:.1f} ms, t_draft {result['t_draft']*1e3:.1f} ms "
            f"(t_draft/t_target {result['t_draft']/result['t_target']:.3f})", "",
-           "| T | K | t_verify(K+1) ms | alpha | tokens/round | AR s | spec s | measured | theoretical | overhead-aware | efficiency | AR/t_target | compiled |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| T | K | verify | t_verify(K+1) ms | alpha | tokens/round | AR s | spec s | measured | theoretical | overhead-aware | efficiency | AR/t_target | compiled |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     K = r["K"] if r["K"] != "auto" and not r["lookaheads"].get(0) else \
       f"{r['K']} ({', '.join(f'{k}:{n}' for k, n in sorted(r['lookaheads'].items()))})"
-    lines.append(f"| {r['T']:g} | {K} | {f(r['t_verify'] and r['t_verify']*1e3, '.1f')} | {r['alpha']:.3f} | {r['tokens_per_round']:.2f} | "
+    lines.append(f"| {r['T']:g} | {K} | {r['rule']} | {f(r['t_verify'] and r['t_verify']*1e3, '.1f')} | {r['alpha']:.3f} | {r['tokens_per_round']:.2f} | "
                  f"{r['ar_seconds']:.2f} | {r['spec_seconds']:.2f} | {r['measured']:.2f}x | {r['theoretical']:.2f}x | "
                  f"{r['overhead_aware']:.2f}x | {r['efficiency']:.2f} | {r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
@@ -138,18 +142,19 @@ def main():
   ap.add_argument("--pairs", default="xl,docs,ngram", help="comma-separated: xl (dummy gpt2-xl/gpt2), docs (the shared pair), ngram (docs-target with prompt lookup)")
   ap.add_argument("--quick", action="store_true", help="a smoke run: few tokens and repetitions")
   ap.add_argument("--json", metavar="FILE", help="also write every figure to this file")
+  ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the models (as spec.py --dtype)")
   ap.add_argument("--beam", type=int, default=2, metavar="N", help="also time the gpt2-xl decode with kernels from tinygrad's "
                   "BEAM search of width N (minutes the first time, then cached); 0 skips it")
   args = ap.parse_args()
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
   enc = models.tokenizer()
   prompts = [enc.encode(p) for p in PROMPTS]
-  report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}",
+  report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}, {args.dtype}",
                 results=[])
   print(f"# spec benchmark: {report['machine']}\n")
   if "xl" in pairs:   # first, so that the peak resident memory is this run's
-    target, draft = models.load("gpt2-xl", dummy=True), models.load("gpt2", dummy=True)
-    (tw, tk), (dw, dk) = sizes(target), sizes(draft)
+    target, draft = models.load("gpt2-xl", args.dtype, dummy=True), models.load("gpt2", args.dtype, dummy=True)
+    (tw, tk), (dw, dk), target_dtype = sizes(target), sizes(draft), target.dtype.name
     result = bench_pair("dummy gpt2-xl / gpt2", target, draft, prompts[:1], 8 if args.quick else 24, reps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report["memory"] = dict(weight_bytes=tw + dw, kv_bytes=tk + dk, peak_rss=rss)
@@ -169,19 +174,19 @@ def main():
                         ar_over_floor={T: s / floor for T, s in ar_per_token.items()},
                         seed_prediction=seed_theory, seed_prediction_overhead_aware=seed_aware)
   if "docs" in pairs or "ngram" in pairs:
-    target, draft = (models.load(str(SHARED / d)) for d in ("docs-target", "docs-draft"))
+    target, draft = (models.load(str(SHARED / d), args.dtype) for d in ("docs-target", "docs-draft"))
   if "docs" in pairs:
     report["results"].append(bench_pair("docs-target / docs-draft", target, draft, prompts, 32 if args.quick else 128, reps))
   if "ngram" in pairs:
     report["results"].append(bench_pair("docs-target / prompt lookup, repetitive prompts", target, spec.PromptLookup(),
                                         [enc.encode(p) for p in REPETITIVE], 32 if args.quick else 128, reps, Ks=(4, "auto")))
 
-  print(f"memory read bandwidth {bw / 1e9:.1f} GB/s, the faster of sums over 1 GiB: "
+  print(f"memory read bandwidth {bw / 1e9:.1f} GB/s, the fastest matrix-vector product over 1 GiB: "
         + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bws.items()))
   if "xl" in pairs:
     x = report["xl"]
     print(f"gpt2-xl decode: t_target {xl['t_target']*1e3:.0f} ms = {x['decode_over_floor']:.2f}x the bandwidth floor "
-          f"(fp32 weights {tw/1e9:.2f} GB / {bw/1e9:.1f} GB/s = {floor*1e3:.0f} ms); autoregressive per token incl. "
+          f"({target_dtype} weights {tw/1e9:.2f} GB / {bw/1e9:.1f} GB/s = {floor*1e3:.0f} ms); autoregressive per token incl. "
           f"sampling: {', '.join(f'T={T:g} {v:.2f}x' for T, v in x['ar_over_floor'].items())}")
     if args.beam: print(f"gpt2-xl decode with BEAM={args.beam} kernels (JITBEAM={args.beam}): {report['t_target_beam']*1e3:.0f} ms = "
                         f"{x['beam_decode_over_floor']:.2f}x the bandwidth floor, {xl['t_target']/report['t_target_beam']:.2f}x faster than default kernels")

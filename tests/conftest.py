@@ -1,4 +1,7 @@
-"""Shared fixtures: the offline data in ../shared/models, tiny random checkpoints, and an independent numpy GPT-2."""
+"""Shared fixtures: the offline data in ../shared/models, tiny random checkpoints, and an independent numpy GPT-2.
+
+The device is tinygrad's, chosen by DEV as for users; --dtype float16 runs the models in half precision (CI runs the
+tests marked `backend` on a second device, in both dtypes)."""
 import json, os, pathlib, struct, sys
 import numpy as np
 import pytest
@@ -14,6 +17,23 @@ PROMPTS = ["The Python interpreter", "A dictionary is", "The following example s
            "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
            "In this tutorial we", "Modules can be imported", "The garbage collector", "Strings are immutable"]
 
+def pytest_addoption(parser):
+  parser.addoption("--dtype", choices=["float32", "float16"], default="float32", help="precision the models are loaded in")
+
+DTYPE = "float32"
+def pytest_configure(config):
+  global DTYPE
+  DTYPE = config.getoption("--dtype")
+
+# logits agree with the float64 numpy GPT-2 to this fraction of the logit scale. Measured worst cases (tiny and shared
+# checkpoints): float32 2e-6; float16 weights, activations and KV cache (10-bit mantissa) 3.3e-3
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2}
+def tolerance() -> float: return TOLERANCE[DTYPE]
+
+def load(path, **kw) -> models.GPT2:
+  """A checkpoint in the suite's dtype."""
+  return models.load(str(path), DTYPE, **kw)
+
 def shared_dir() -> pathlib.Path:
   """../shared/models, or a skip on a user's clone without it; under CI its absence is a failure."""
   if not (SHARED / "docs-target" / "model.safetensors").is_file():
@@ -22,10 +42,10 @@ def shared_dir() -> pathlib.Path:
   return SHARED
 
 @pytest.fixture(scope="session")
-def docs_target(): return models.load(str(shared_dir() / "docs-target"))
+def docs_target(): return load(shared_dir() / "docs-target")
 
 @pytest.fixture(scope="session")
-def docs_draft(): return models.load(str(shared_dir() / "docs-draft"))
+def docs_draft(): return load(shared_dir() / "docs-draft")
 
 @pytest.fixture(scope="session")
 def enc():

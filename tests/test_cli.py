@@ -3,11 +3,12 @@ import json, os, subprocess, sys
 import numpy as np
 import pytest
 import models, spec
+import conftest
 from conftest import ROOT, TINY, random_weights, shared_dir, write_checkpoint
 
 def pair() -> list[str]:
   d = shared_dir()
-  return ["--target", str(d / "docs-target"), "--draft", str(d / "docs-draft")]
+  return ["--target", str(d / "docs-target"), "--draft", str(d / "docs-draft"), "--dtype", conftest.DTYPE]
 
 def run(args, capsys) -> tuple[int, str, str]:
   try: code = spec.main(args)
@@ -20,10 +21,11 @@ def test_help_explains_every_flag():
   assert out.returncode == 0
   for flag in ("--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
-               "--ngram-max", "--ngram-min", "auto"):
+               "--ngram-max", "--ngram-min", "--dtype", "--verify", "auto"):
     assert flag in out.stdout
-  assert "default: gpt2-xl" in out.stdout and "default: 4" in out.stdout
+  assert "default: gpt2-xl" in out.stdout and "default: 4" in out.stdout and "default: block" in out.stdout
 
+@pytest.mark.backend
 def test_json_with_compare(capsys):
   code, out, _ = run(pair() + ["--prompt", "A dictionary is", "-n", "12", "--compare", "--json"], capsys)
   assert code == 0
@@ -42,6 +44,7 @@ def test_prompt_lookup_with_auto_lookahead(capsys):
   assert obj["stats"]["draft"] == "ngram" and obj["stats"]["K"] == "auto" and obj["stats"]["draft_passes"] == 0
   assert sum(obj["stats"]["lookaheads"].values()) == obj["stats"]["rounds"]
 
+@pytest.mark.backend
 def test_trace_lines(tmp_path, capsys):
   trace = tmp_path / "trace.jsonl"
   code, _, _ = run(pair() + ["--prompt", "The standard library", "-n", "10", "--temperature", "1", "--trace", str(trace)], capsys)
@@ -63,6 +66,8 @@ def test_trace_lines(tmp_path, capsys):
   (["--draft", "ngram", "--ngram-max", "2", "--ngram-min", "3"], "need 1 <= ngram-min <= ngram-max"),
   (["--target", "gpt5"], "unknown model 'gpt5'"),
   (["--target", "./no/such/dir"], "no such checkpoint directory"),
+  (["--dtype", "bfloat16"], "argument --dtype: invalid choice: 'bfloat16'"),
+  (["--verify", "tree"], "argument --verify: invalid choice: 'tree'"),
 ])
 def test_bad_input_one_line_exit_2(args, words, capsys):
   code, _, err = run(["--prompt", "x"] + args, capsys)
@@ -88,6 +93,7 @@ def test_prompt_outside_the_vocabulary(tmp_path, capsys):
   code, _, err = run(["--target", ckpt, "--draft", ckpt, "--prompt", "x"], capsys)
   assert code == 2 and err.count("\n") == 1 and "outside the models' vocabulary of 64" in err
 
+@pytest.mark.backend
 def test_dummy_weights_say_so(capsys):
   code, out, err = run(pair() + ["--dummy-weights", "--prompt", "x", "-n", "4", "--json"], capsys)
   obj = json.loads(out)
@@ -98,3 +104,15 @@ def test_dummy_weights_are_random_with_the_checkpoints_shapes(tmp_path):
   real, dummy = models.load(str(ckpt)), models.load(str(ckpt), dummy=True)
   w, d = real.h[0].mlp.c_fc.weight.numpy(), dummy.h[0].mlp.c_fc.weight.numpy()
   assert w.shape == d.shape and not np.allclose(w, d) and abs(d.std() - 0.02) < 0.002
+
+def bare_environment(tmp_path, **env) -> dict:
+  """This environment with an empty PATH (no clang, no linker) and no OpenCL drivers: a fresh machine without them."""
+  (tmp_path / "no-icd").mkdir(exist_ok=True)
+  return {**os.environ, "PATH": str(tmp_path), "OCL_ICD_VENDORS": str(tmp_path / "no-icd"), "NO_COLOR": "1", **env}
+
+@pytest.mark.parametrize("dev,words", [("CPU", "No such file or directory: 'clang'"), ("NOSUCH", "ops_nosuch"), ("", "DEV unset")])
+def test_no_usable_device_is_one_line(tmp_path, dev, words):
+  out = subprocess.run([sys.executable, "spec.py", "--prompt", "x"], cwd=ROOT, capture_output=True, text=True,
+                       env=bare_environment(tmp_path, DEV=dev))
+  assert out.returncode == 2 and out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
+  assert out.stderr.startswith("spec.py: error: no usable tinygrad device") and "apt-get install clang" in out.stderr

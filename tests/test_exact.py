@@ -5,6 +5,8 @@ import pytest
 from tinygrad import Tensor, dtypes
 import spec
 
+pytestmark = pytest.mark.backend   # the device's own acceptance, residual and verify(), in float64 (needs device support)
+
 def rule_distribution(p:np.ndarray, q:np.ndarray, acceptance=spec.acceptance, residual=spec.residual) -> np.ndarray:
   """P(emitted = x) for one position: draft x~ ~ p, kept with the sampler's acceptance probability, else one draw
   from the sampler's residual: sum_x~ p(x~) [a(x~) 1{x = x~} + (1 - a(x~)) res(x)]."""
@@ -40,77 +42,139 @@ def test_enumeration_detects_a_wrong_rule():
   lenient = lambda p, q, x: (spec.acceptance(p, q, x) * 2).minimum(1)                              # r ~ U[0, 0.5]
   assert np.abs(rule_distribution(p, q, acceptance=lenient) - q).max() > 0.05
 
-# ***** a whole round on toy conditional tables *****
+# ***** a whole round on toy conditional tables, under both verification rules *****
 
-def toy_model(V:int, seed:int, sharp:float):
-  """A toy autoregressive model: its next-token table depends on the whole prefix (a hash of it)."""
+def toy_model(V:int, seed:int, sharp:float, temperature:float=1.0):
+  """A toy autoregressive model: its next-token table depends on the whole prefix (a hash of it), warped by temperature
+  (0: one-hot on the argmax, as greedy sampling warps both models)."""
   def dist(prefix:tuple) -> np.ndarray:
-    rng = np.random.default_rng([seed, *prefix])
-    return (z := np.exp(sharp * rng.standard_normal(V))) / z.sum()
+    logits = sharp * np.random.default_rng([seed, *prefix]).standard_normal(V)
+    if temperature == 0: return np.eye(V)[logits.argmax()]
+    return (z := np.exp(logits / temperature)) / z.sum()
   return dist
-
-def round_distribution(p, q, K:int, V:int, prefix=(0,)) -> dict[tuple, float]:
-  """Enumerate every draft path x~_1..x~_K: the distribution of the block a round emits, using the sampler's acceptance
-  and residual, the bonus draw from q's (K+1)-th distribution when all K are kept."""
-  out: dict[tuple, float] = {}
-  for path in itertools.product(range(V), repeat=K):
-    ctx = [prefix + path[:t] for t in range(K + 1)]
-    P = np.stack([p(c) for c in ctx[:K]] + [np.zeros(V)])
-    Q = np.stack([q(c) for c in ctx])
-    prob_path = np.prod([P[t, x] for t, x in enumerate(path)])
-    a = spec.acceptance(Tensor(P[:K], dtype=dtypes.float64), Tensor(Q[:K], dtype=dtypes.float64), Tensor(list(path), dtype=dtypes.int32)).numpy()
-    res = spec.residual(Tensor(P, dtype=dtypes.float64), Tensor(Q, dtype=dtypes.float64)).numpy()
-    kept = 1.0
-    for n in range(K + 1):                      # n tokens kept, then the draw from row n (the bonus when n = K)
-      stop = kept * (1 - a[n]) if n < K else kept
-      for y in range(V): out[path[:n] + (y,)] = out.get(path[:n] + (y,), 0) + prob_path * stop * res[n, y]
-      if n < K: kept *= a[n]
-  return out
 
 def toy_lookup(V:int):
   """A deterministic draft, as prompt lookup is: one-hot on a token that depends on the prefix."""
   return lambda prefix: np.eye(V)[hash(prefix) % V]
 
-@pytest.mark.parametrize("K,V,draft", [(2, 3, "model"), (3, 3, "model"), (2, 4, "model"), (2, 3, "one-hot"), (3, 4, "one-hot")])
-def test_round_emits_the_target_distribution(K, V, draft):
-  p, q = toy_model(V, seed=1, sharp=1.0) if draft == "model" else toy_lookup(V), toy_model(V, seed=2, sharp=1.5)
-  blocks, prefix = round_distribution(p, q, K, V), (0,)
-  # extend every block to K+1 tokens with the target itself: the joint must be the target's joint
+def stops(P:np.ndarray, Q:np.ndarray, path:tuple, rule:str, block_acceptance=spec.block_acceptance):
+  """The device rule's probabilities of keeping exactly n = 0..K drafted tokens, and the distributions (K+1, V) the next
+  token is drawn from after each n. P (K+1, V) with row K zero, Q (K+1, V)."""
+  K, f64 = len(path), lambda a: Tensor(a, dtype=dtypes.float64)
+  drafted = Tensor(list(path), dtype=dtypes.int32)
+  if rule == "token":
+    a = spec.acceptance(f64(P[:K]), f64(Q[:K]), drafted).numpy()
+    kept = np.cumprod(np.concatenate([[1.0], a]))                             # P(the first n are kept)
+    return kept * np.append(1 - a, 1.0), spec.residual(f64(P), f64(Q)).numpy()
+  w, h = (t.numpy() for t in block_acceptance(f64(P), f64(Q), drafted))
+  later = np.append(np.cumprod((1 - h)[::-1])[::-1][1:], 1.0)                # P(no stop is allowed after n)
+  return h * later, spec.residual(f64(P), f64(w[:, None] * Q)).numpy()
+
+def round_distribution(p, q, K:int, V:int, rule:str, prefix=(0,), **kw) -> dict[tuple, float]:
+  """Enumerate every draft path x~_1..x~_K: the distribution of the block a round emits (the kept drafts, then the
+  resampled or bonus token), from the device rule's own stop probabilities and residuals."""
+  out: dict[tuple, float] = {}
+  for path in itertools.product(range(V), repeat=K):
+    ctx = [prefix + path[:t] for t in range(K + 1)]
+    P, Q = np.stack([p(c) for c in ctx[:K]] + [np.zeros(V)]), np.stack([q(c) for c in ctx])
+    prob_path = np.prod([P[t, x] for t, x in enumerate(path)])
+    if prob_path == 0: continue                                              # never drafted
+    stop, res = stops(P, Q, path, rule, **kw)
+    for n in np.flatnonzero(stop):                                           # a row never chosen may be 0/0
+      for y in range(V): out[path[:n] + (y,)] = out.get(path[:n] + (y,), 0) + prob_path * stop[n] * res[n, y]
+  return out
+
+def max_error_against_target(blocks:dict, q, K:int, V:int, prefix=(0,)) -> float:
+  """Extend every block to K+1 tokens with the target itself: the joint must be the target's joint."""
   joint = {}
   for block, prob in blocks.items():
     for tail in itertools.product(range(V), repeat=K + 1 - len(block)):
       seq = block + tail
       joint[seq] = joint.get(seq, 0) + prob * np.prod([q(prefix + seq[:i])[seq[i]] for i in range(len(block), K + 1)])
-  for seq in itertools.product(range(V), repeat=K + 1):
-    target = np.prod([q(prefix + seq[:i])[seq[i]] for i in range(K + 1)])
-    assert abs(joint.get(seq, 0) - target) < 1e-9, (seq, joint.get(seq, 0), target)
-  assert abs(sum(blocks.values()) - 1) < 1e-9
+  return max(abs(joint.get(seq, 0) - np.prod([q(prefix + seq[:i])[seq[i]] for i in range(K + 1)]))
+             for seq in itertools.product(range(V), repeat=K + 1))
+
+def expected_tokens(blocks:dict) -> float: return sum(len(b) * prob for b, prob in blocks.items())
+
+ROUNDS = [(K, V, draft, T) for K, V in ((2, 4), (3, 3)) for draft in ("model", "one-hot") for T in (0.0, 0.5, 1.0, 2.0)
+          if not (draft == "one-hot" and T == 0.0)]
+
+def toy_pair(V:int, draft:str, T:float):
+  return toy_model(V, 1, 1.0, T) if draft == "model" else toy_lookup(V), toy_model(V, 2, 1.5, T)
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("K,V,draft,T", ROUNDS, ids=[f"K{K}-V{V}-{d}-T{T}" for K, V, d, T in ROUNDS])
+def test_round_emits_the_target_distribution(K, V, draft, T, rule):
+  p, q = toy_pair(V, draft, T)
+  blocks = round_distribution(p, q, K, V, rule)
+  assert abs(sum(blocks.values()) - 1) < 1e-9 and max_error_against_target(blocks, q, K, V) < 1e-9
+
+def test_block_verification_never_emits_fewer_tokens():
+  gains = []
+  for K, V, draft, T in ROUNDS:
+    p, q = toy_pair(V, draft, T)
+    token, block = (expected_tokens(round_distribution(p, q, K, V, rule)) for rule in ("token", "block"))
+    assert block >= token - 1e-12, (K, V, draft, T, token, block)
+    gains.append(block - token)
+  assert max(gains) > 0.01, gains                                            # and strictly more on some tables
+
+def test_block_verification_on_the_papers_example():
+  # Sun et al., sec. 1: context-free models on {a, b}, target (1/3, 2/3), draft (2/3, 1/3), two drafted tokens:
+  # E[kept drafts] is 10/9 token by token and 11/9 by block verification
+  p, q = (lambda prefix: np.array([2, 1]) / 3), (lambda prefix: np.array([1, 2]) / 3)
+  token, block = (expected_tokens(round_distribution(p, q, 2, 2, rule)) - 1 for rule in ("token", "block"))
+  assert abs(token - 10 / 9) < 1e-12 and abs(block - 11 / 9) < 1e-12
+
+def test_enumeration_detects_a_wrong_block_rule():
+  # h_i without the 1 - w_i term (stopping too eagerly): no longer the target's distribution
+  def eager(P, Q, drafted):
+    w, h = spec.block_acceptance(P, Q, drafted)
+    m = (w.unsqueeze(-1) * Q - P).relu().sum(-1)
+    return w, (Tensor.arange(h.shape[0]) == 0).where(1, m / (m + 1))
+  p, q = toy_pair(3, "model", 1.0)
+  assert max_error_against_target(round_distribution(p, q, 2, 3, "block", block_acceptance=eager), q, 2, 3) > 1e-3
+
+def test_block_verification_stops_at_the_longest_allowed_prefix():
+  # the draws pick n = the largest i with r_i <= h_i, given the device's own h
+  rng, K, V = np.random.default_rng(6), 3, 5
+  for case in range(8):
+    p, q = rng.random((K + 1, V)), rng.random((K + 1, V))
+    p[K] = 0; p[:K] /= p[:K].sum(1, keepdims=True); q /= q.sum(1, keepdims=True)
+    drafted, r = Tensor(list(rng.integers(0, V, K)), dtype=dtypes.int32), rng.random(K)
+    _, h = spec.block_acceptance(Tensor(p), Tensor(q), drafted)
+    n, _ = spec.block_verification(Tensor(p), Tensor(q), drafted, Tensor(r.astype(np.float32)))
+    assert n.item() == max([0] + [i for i in range(1, K + 1) if r[i - 1] <= h.numpy()[i]]), case
 
 # ***** the device round itself: verify() on constructed cases *****
 
-def run_verify(p:np.ndarray, q:np.ndarray, drafted:list[int], seed:int=0):
+def run_verify(p:np.ndarray, q:np.ndarray, drafted:list[int], seed:int, rule:str):
   block = Tensor([[0] + drafted], dtype=dtypes.int32)
   temperature, top_k, top_p = spec.Sampling(1.0).tensors(q.shape[1])
   # logits whose temperature-1 softmax is q (zeros -> -inf is fine for softmax)
   with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q).astype(np.float32))
   out = spec.verify(q_logits, Tensor(p.astype(np.float32)), block, spec.seed_key(seed), 0,
-                    temperature, top_k, top_p, **spec.Sampling(1.0).static).tolist()
+                    temperature, top_k, top_p, **spec.Sampling(1.0).static, rule=rule).tolist()
   return int(out[0]), int(out[1])
 
-def test_verify_keeps_all_when_draft_equals_target_and_draws_the_bonus_from_q_K_plus_1():
+both_rules = pytest.mark.parametrize("rule", list(spec.RULES))
+
+@both_rules
+def test_verify_keeps_all_when_draft_equals_target_and_draws_the_bonus_from_q_K_plus_1(rule):
   K, V = 3, 5
   q = np.full((K + 1, V), 0.05); q[:, 1] = 0.8; q[K] = [0, 0, 0, 1.0, 0]   # the bonus row is one-hot on token 3
   for seed in range(5):
-    assert run_verify(q[:K], q, [1, 1, 1], seed) == (K, 3)
+    assert run_verify(q[:K], q, [1, 1, 1], seed, rule) == (K, 3)
 
-def test_verify_rejects_a_token_the_target_never_emits_and_resamples_from_the_residual():
+@both_rules
+def test_verify_rejects_a_token_the_target_never_emits_and_resamples_from_the_residual(rule):
   p = np.array([[0.0, 1.0, 0, 0], [0.25] * 4])
   q = np.array([[0.5, 0.0, 0.5, 0.0], [0.25] * 4, [0.25] * 4])
   for seed in range(5):
-    n, token = run_verify(p, q, [1, 2], seed)
+    n, token = run_verify(p, q, [1, 2], seed, rule)
     assert n == 0 and token in (0, 2)            # residual max(0, q - p) is supported on {0, 2}
 
-def test_verify_lookup_is_verify_with_a_one_hot_draft():
+@both_rules
+def test_verify_lookup_is_verify_with_a_one_hot_draft(rule):
   # the same random stream, so the same decisions: verify_lookup builds p = onehot(x~) from the block, nothing else
   rng, K, V = np.random.default_rng(3), 3, 6
   temperature, top_k, top_p = spec.Sampling(1.0).tensors(V)
@@ -122,11 +186,13 @@ def test_verify_lookup_is_verify_with_a_one_hot_draft():
     with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q / q.sum(1, keepdims=True)).astype(np.float32))
     block = Tensor([[0] + drafted], dtype=dtypes.int32)
     args = (block, spec.seed_key(seed), 0, temperature, top_k, top_p)
-    looked_up = spec.verify_lookup(q_logits, *args, **spec.Sampling(1.0).static).tolist()
-    assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, **spec.Sampling(1.0).static).tolist()
+    looked_up = spec.verify_lookup(q_logits, *args, **spec.Sampling(1.0).static, rule=rule).tolist()
+    assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, **spec.Sampling(1.0).static,
+                                    rule=rule).tolist()
     assert (looked_up[0] == 0) == (seed % 2 == 0) and looked_up[4:4+K] == drafted
 
-def test_greedy_verify_keeps_the_target_argmax_and_draws_nothing():
+@both_rules
+def test_greedy_verify_keeps_the_target_argmax_and_draws_nothing(rule):
   # greedy rounds are compiled without random draws: keep x~_t while it is q_t's argmax, then emit the argmax of the
   # first row that disagrees (or of q_K+1); the same for every seed
   rng, K, V = np.random.default_rng(4), 4, 7
@@ -138,5 +204,6 @@ def test_greedy_verify_keeps_the_target_argmax_and_draws_nothing():
     drafted = [int(best[t]) if t < agree else int((best[t] + 1 + t) % V) for t in range(K)]
     p = np.eye(V, dtype=np.float32)[drafted]                   # a greedy draft is one-hot on its proposal
     outs = {tuple(spec.verify(Tensor(q_logits), Tensor(p), Tensor([[0] + drafted], dtype=dtypes.int32), spec.seed_key(seed),
-                              seed, temperature, top_k, top_p, **spec.Sampling(0.0).static).tolist()[:2]) for seed in range(3)}
+                              seed, temperature, top_k, top_p, **spec.Sampling(0.0).static, rule=rule).tolist()[:2])
+            for seed in range(3)}
     assert outs == {(agree, int(best[agree]))}, (case, outs)
