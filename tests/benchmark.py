@@ -15,7 +15,8 @@ the same prompts and token counts. From those:
   efficiency              = measured / overhead-aware  (1.0: the loop around the forward passes costs nothing)
 plus the memory read bandwidth (a matrix-vector product over 1 GiB, tinygrad's and numpy's BLAS), the gpt2-xl decode as a multiple of (weight bytes / bandwidth) with tinygrad's default
 kernels and with kernels chosen by its BEAM search (what JITBEAM=2 gives a user), the peak resident memory against
-weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
+weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero). For the shared pair also
+the tokens of paired first rounds under both verification rules (the same drafted block and draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
 import argparse, collections, gc, json, os, pathlib, platform, resource, sys, time
@@ -38,6 +39,9 @@ REPETITIVE = [  # context that repeats itself, where prompt lookup has something
   "    def peek(self):\n        return self.items[-1]\n\n    def size(self):\n",
   "A dictionary is a mapping. A dictionary is a mapping. A dictionary is",
   "import os\nimport sys\nimport re\nimport os.path\nimport sys.path\nimport re.compile\nimport"]
+PAIRED_PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
+                  "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
+                  "In this tutorial we", "Modules can be imported", "The garbage collector", "Strings are immutable"]
 KS = (1, 2, 4, 8)
 SEED_R_PRIME, SEED_K, SEED_SPEEDUP = 0.8125, 4, 2.12  # the seed's gpt2-xl/gpt2 run on its GPU
 
@@ -123,6 +127,21 @@ def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(
             + (f", rounds by K {r['lookaheads']}" if K == "auto" or lookup else ""), file=sys.stderr, flush=True)
   return dict(pair=name, t_target=t_target, t_draft=t_draft, t_verify=t_verify, rows=rows)
 
+def paired_rounds(target, draft, prompts, K:int, T:float, seeds:int) -> dict:
+  """Tokens emitted by a first round under each verification rule, paired: the same prompt and seed give both rules
+  the same drafted block and the same uniforms, so the difference is the rule's alone (mean and standard error)."""
+  tokens = {rule: [] for rule in spec.RULES}
+  for p in prompts:
+    for seed in range(seeds):
+      for rule in spec.RULES:
+        sources = []   # the first round's tokens: its kept drafts, then the resampled or bonus token that ends it
+        speculative_generate(target, draft, p, K, K + 1, Sampling(T), seed, eos=None, verification=rule,
+                             on_token=lambda e: sources.append(e["source"]))
+        tokens[rule].append(sources.index(next(s for s in sources if s != "accepted")) + 1)
+  diff = np.array(tokens["block"], dtype=float) - np.array(tokens["token"], dtype=float)
+  return dict(K=K, T=T, rounds=len(diff), **{rule: float(np.mean(v)) for rule, v in tokens.items()},
+              gain=float(diff.mean()), stderr=float(diff.std(ddof=1) / np.sqrt(len(diff))))
+
 def table(result:dict) -> str:
   f = lambda v, fmt: "-" if v is None else format(v, fmt)
   lines = [f"### {result['pair']}: t_target {result['t_target']*1e3:.1f} ms, t_draft {result['t_draft']*1e3:.1f} ms "
@@ -177,6 +196,8 @@ def main():
     target, draft = (models.load(str(SHARED / d), args.dtype) for d in ("docs-target", "docs-draft"))
   if "docs" in pairs:
     report["results"].append(bench_pair("docs-target / docs-draft", target, draft, prompts, 32 if args.quick else 128, reps))
+    report["paired"] = [paired_rounds(target, draft, [enc.encode(p) for p in PAIRED_PROMPTS], K, 1.0, 3 if args.quick else 20)
+                        for K in (2, 4)]
   if "ngram" in pairs:
     report["results"].append(bench_pair("docs-target / prompt lookup, repetitive prompts", target, spec.PromptLookup(),
                                         [enc.encode(p) for p in REPETITIVE], 32 if args.quick else 128, reps, Ks=(4, "auto")))
@@ -194,6 +215,9 @@ def main():
           f"(weights {mem['weight_bytes']/1e9:.2f} GB + KV caches {mem['kv_bytes']/1e9:.2f} GB)")
     print(f"the seed's acceptance (r' {SEED_R_PRIME}, K {SEED_K}) with these gpt2-xl/gpt2 costs: {x['seed_prediction']:.2f}x "
           f"(theoretical), {x['seed_prediction_overhead_aware']:.2f}x (overhead-aware); the seed measured {SEED_SPEEDUP}x on its GPU")
+  for r in report.get("paired", []):
+    print(f"paired first rounds, docs pair, T {r['T']:g}, K {r['K']} ({r['rounds']} rounds: {len(PAIRED_PROMPTS)} prompts x seeds): "
+          f"tokens per round block {r['block']:.3f}, token {r['token']:.3f}, block - token {r['gain']:+.3f} +- {r['stderr']:.3f} (1 s.e.)")
   for result in report["results"]: print("\n" + table(result))
   if args.json: pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 
