@@ -528,7 +528,8 @@ def check_device() -> None:
   saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
   os.dup2(devnull, 2)
   try:
-    with Context(CACHELEVEL=0): (Tensor([1]) + 1).item()   # compiled now, not found in tinygrad's disk cache
+    # vectorized stores and a reduction, as every forward pass has; compiled now, not found in tinygrad's disk cache
+    with Context(CACHELEVEL=0): (Tensor.ones(256).contiguous() + 1).sum().item()
   except Exception as e:
     why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
     raise OSError(f"no usable tinygrad device (DEV {asked}; {why}): install clang for the CPU backend (Linux: apt-get "
