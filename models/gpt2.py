@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, dtypes, nn
 from tinygrad.dtype import DType
 from models import hub
-from tinygrad.nn.state import safe_load, safe_load_metadata, get_state_dict, load_state_dict
+from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -192,10 +192,8 @@ def _read_config(fn:pathlib.Path) -> GPT2Config:
 def _load_weights(model:GPT2, fn:pathlib.Path) -> None:
   if not fn.is_file(): raise CheckpointError(f"{fn}: missing")
   try:
-    _, data_start, header = safe_load_metadata(fn)
-    size = fn.stat().st_size
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if data_start + end > size: raise ValueError(f"truncated: the header describes {data_start+end} bytes, the file has {size}")
+    end, size = hub.safetensors_extent(fn)
+    if end > size: raise ValueError(f"truncated: the header describes {end} bytes, the file has {size}")
     stored = safe_load(fn)
   except Exception as e: raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
   stored = {k.removeprefix("transformer."): v for k, v in stored.items()}

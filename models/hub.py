@@ -86,14 +86,16 @@ def _download_weights(repo:str, dest:pathlib.Path) -> None:
     tmp.rename(dest)
   finally: tmp.unlink(missing_ok=True)
 
+def safetensors_extent(fn:pathlib.Path) -> tuple[int, int]:
+  """(bytes the safetensors header describes, bytes the file has): a complete file's first is <= its second."""
+  with open(fn, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+  return 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0), fn.stat().st_size
+
 def _check_safetensors(fn:pathlib.Path, what:str) -> None:
   """The header's tensors must all lie within the bytes that arrived (a server may announce a short length)."""
-  size = fn.stat().st_size
-  try:
-    with open(fn, "rb") as f:
-      n = struct.unpack("<Q", f.read(8))[0]
-      header = json.loads(f.read(n))
-    end = 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+  try: end, size = safetensors_extent(fn)
   except (struct.error, ValueError, KeyError, TypeError) as e: raise HubError(f"{what} is not a valid safetensors file ({e}); nothing was cached") from None
   if end > size: raise HubError(f"download of {what} is incomplete: its header describes {end} bytes, {size} arrived; nothing was cached")
 
