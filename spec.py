@@ -16,7 +16,7 @@ and K="auto" chooses K each round by the measured cost of a round and the runnin
 The file reads top to bottom: the algorithm, the drafters, the round loop, tinygrad plumbing, the command line.
 """
 from __future__ import annotations
-import argparse, codecs, json, os, sys, time, weakref
+import argparse, codecs, json, math, os, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
 from tinygrad import Tensor, UOp, Device, Context, dtypes
@@ -32,18 +32,15 @@ class Sampling:
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
-
   def __post_init__(self):
     if not self.temperature >= 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
     if self.top_k < 0: raise ValueError(f"top-k must be >= 0, got {self.top_k}")
     if not 0 < self.top_p <= 1: raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
-
   @property
   def static(self) -> dict[str, bool]:
     """The structural choices, compiled separately: greedy (argmax, no random draws) and filtered (top-k/top-p on).
     The values themselves travel as Tensors."""
     return dict(greedy=self.temperature == 0, filtered=self.top_k > 0 or self.top_p < 1)
-
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
     # values go into the JIT-compiled functions as Tensors, so changing them compiles nothing
     return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([self.top_k or vocab_size], dtype=dtypes.int32),
@@ -75,10 +72,8 @@ def uniform(key:Tensor, nonce:int|UOp, *shape:int, greedy:bool=False) -> Tensor:
   because every distribution is one-hot: any u in (0, 1) samples its token, and r < min(1, q(x~)/p(x~)) holds
   exactly when q(x~) = 1 = p(x~)."""
   if greedy: return Tensor.full(shape, 0.5)
-  n = 1
-  for s in shape: n *= s
   counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
-  return (((Tensor.random_bits(key, counter, n) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
+  return (((Tensor.random_bits(key, counter, math.prod(shape)) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
 
 def sample(probs:Tensor, u:Tensor) -> Tensor:
   """One token per row, distributed as probs (Gumbel-max with u ~ U(0,1) of the same shape); zero-probability tokens never."""
@@ -200,16 +195,13 @@ class PromptLookup:
   ngram_max: int = 3
   ngram_min: int = 1
   kind, one_hot = "ngram", True
-
   def __post_init__(self):
     if not 1 <= self.ngram_min <= self.ngram_max: raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
-
   def reset(self, tokens:list[int]): pass
   def ready(self, K:int) -> bool: return True
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]:
     """The block [x_n, lookup(tokens, K)]: k = K tokens or, without a match, none (the round is a target step)."""
     return device_tokens(tokens[-1:] + self.lookup(tokens, K)), None
-
   def lookup(self, tokens:list[int], K:int) -> list[int]:
     """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end
     runs into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
@@ -282,7 +274,6 @@ class Output:
   def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
     self.tokens, self.new, self.max_new_tokens, self.eos, self.on_token, self.stats = prompt_tokens, [], max_new_tokens, eos, on_token, stats
     self.done = False
-
   def emit(self, events:list[dict]) -> None:
     """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is dropped)."""
     for e in events:
@@ -404,7 +395,6 @@ class Stats:
   verification: str = ""          # "block" or "token" (RULES), "" for the baseline
   lookaheads: dict = field(default_factory=dict)  # rounds by the number of tokens drafted in them
   sources: dict = field(default_factory=dict)     # emitted tokens by source: accepted / resampled / bonus / target
-
   @property
   def draft_passes(self) -> int: return self.drafted if self.draft == "model" else 0
   @property
@@ -424,17 +414,14 @@ class Stats:
     if not self.draft or not self.t_target: return 1.0
     K = self.mean_lookahead
     return self.r_prime * (K + 1) * self.t_target / (self.t_draft * K + self.t_target)
-
   def add_round(self, drafted:int, accepted:int, time_draft:float, time_verify:float):
     self.rounds += 1; self.drafted += drafted; self.accepted += accepted
     self.lookaheads[drafted] = self.lookaheads.get(drafted, 0) + 1
     self.time_draft += time_draft; self.time_verify += time_verify
-
   def finish(self, start:float, new_tokens:int) -> Stats:
     self.time_total, self.new_tokens = time.perf_counter() - start, new_tokens
     if self.drafted: self.t_draft = self.time_draft / self.drafted
     return self
-
   def as_dict(self) -> dict:
     props = ("draft_passes", "acceptance_rate", "tokens_per_round", "mean_lookahead", "r_prime", "tokens_per_s",
              "time_other", "theoretical_speedup")
@@ -518,36 +505,25 @@ def parse_args(argv=None):
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations and "
                   "KV cache (logits and sampling are float32); auto: float32 on the CPU backend, float16 on GPU backends, "
                   "which read half the bytes and compute in half natively")
+  ap.add_argument("--search", type=int, default=1, metavar="N", help="choose the kernels of the draft's and target's "
+                  "passes by tinygrad's BEAM search of width N (the first run on a machine searches, ~1 min for gpt2 and "
+                  "~3 for gpt2-xl on a 2-core CPU; tinygrad caches the result); 0: tinygrad's default kernels, no search")
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
   return ap.parse_args(argv)
-
-def check_device() -> None:
-  """Compile and run one kernel on tinygrad's device (DEV, else the first that opens): a machine without a usable one
-  fails here in one line, not in a traceback from the first forward pass. Native compilers' messages are silenced."""
-  asked = os.environ.get("DEV") or "unset"   # read first: tinygrad sets DEV when it picks a device
-  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  try:
-    # vectorized stores and a reduction, as every forward pass has; compiled now, not found in tinygrad's disk cache
-    with Context(CACHELEVEL=0): (Tensor.ones(256).contiguous() + 1).sum().item()
-  except Exception as e:
-    why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-    raise OSError(f"no usable tinygrad device (DEV {asked}; {why}): install clang for the CPU backend (Linux: apt-get "
-                  "install clang) or a GPU backend, and choose it with DEV=CPU, DEV=CUDA, DEV=METAL, DEV=CL, ...") from None
-  finally: os.dup2(saved, 2); os.close(saved); os.close(devnull)
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   try:
-    check_device()
+    models.check_device()
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     check([], [], args.max_new_tokens, args.lookahead)
     prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
-    target = models.load(args.target, args.dtype, dummy=args.dummy_weights)
-    if args.draft != "ngram": draft = models.load(args.draft, args.dtype, dummy=args.dummy_weights)
+    if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
+    target = models.load(args.target, args.dtype, args.dummy_weights, args.search)
+    if args.draft != "ngram": draft = models.load(args.draft, args.dtype, args.dummy_weights, args.search)
     check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
     print(f"spec.py: error: {e}", file=sys.stderr)

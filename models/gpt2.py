@@ -6,9 +6,9 @@ caller passes next; rolling back r tokens is calling with a start position r sma
 recomputed: the stale entries are overwritten before anything reads them).
 """
 from __future__ import annotations
-import functools, json, math, os, pathlib
+import contextlib, functools, json, math, os, pathlib, sys, threading, time
 from dataclasses import dataclass
-from tinygrad import Tensor, TinyJit, UOp, Device, dtypes, nn
+from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
 from models import hub
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
@@ -79,8 +79,8 @@ class Block:
     return (x + self.mlp(self.ln_2(x))).contiguous()
 
 class GPT2:
-  def __init__(self, cfg:GPT2Config, dtype:DType=dtypes.float32):
-    self.cfg, self.dtype = cfg, dtype
+  def __init__(self, cfg:GPT2Config, dtype:DType=dtypes.float32, search:int=0):
+    self.cfg, self.dtype, self.search = cfg, dtype, search
     # wte has padded_vocab rows; the ones past vocab_size are never looked up and their logits are dropped
     self.wte, self.wpe = nn.Embedding(cfg.padded_vocab, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
     self.h = [Block(cfg, self.dtype) for _ in range(cfg.n_layer)]
@@ -88,12 +88,15 @@ class GPT2:
     for t in get_state_dict(self).values(): t.replace(t.cast(dtype))  # weights, and so activations, in dtype
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
     # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
-    self.jits: dict[tuple, TinyJit] = {}
+    self.jits: dict[tuple, Step] = {}
 
-  def jit(self, fn, T:int, **static) -> TinyJit:
-    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them)."""
+  def jit(self, fn, T:int, **static) -> Step:
+    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them). Passes of
+    at most SEARCHED_WIDTH tokens, the steps of a generation, get kernels from a search; a long prompt's prefill does not."""
     key = (fn.__name__, T, *sorted(static.items()))
-    if key not in self.jits: self.jits[key] = TinyJit(functools.partial(fn, **static))
+    if key not in self.jits:
+      what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
+      self.jits[key] = Step(functools.partial(fn, **static), self.search if T <= SEARCHED_WIDTH else 0, what)
     return self.jits[key]
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
@@ -111,14 +114,15 @@ class GPT2:
 
   def __call__(self, tokens:Tensor|list[int], start_pos:int) -> Tensor:
     """JIT-compiled forward of tokens (1, T) or a list: after two calls of a width nothing compiles again, whatever
-    start_pos is. T tokens run as a pass of padded_width(T) (repeating the last token) when the context has room: the
-    extra rows' logits are dropped, and the cache entries they write lie past the T tokens, so they are overwritten
-    before anything reads them."""
+    start_pos is. With tinygrad's default kernels T tokens run as a pass of padded_width(T) (repeating the last token)
+    when the context has room: the extra rows' logits are dropped, and the cache entries they write lie past the T
+    tokens, so they are overwritten before anything reads them. Searched kernels run any width as it is."""
     if isinstance(tokens, list): tokens = device_tokens(tokens)
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    W = padded_width(T) if start_pos + padded_width(T) <= self.cfg.n_positions else T  # no room: run unpadded
+    W = T if self.search and T <= SEARCHED_WIDTH else padded_width(T)
+    if start_pos + W > self.cfg.n_positions: W = T                                     # no room: run unpadded
     # a fresh buffer: one input layout, whoever made tokens
     return self.jit(self.forward_padded, T, width=W)(tokens.clone(), self.positions.bind(start_pos))
 
@@ -131,6 +135,30 @@ class GPT2:
   def prefill(self, tokens:list[int]) -> None:
     """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, like every width)."""
     if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0).realize()
+
+SEARCHED_WIDTH = 16
+
+class Step:
+  """A TinyJit whose kernels, when it captures, come from tinygrad's BEAM search of width `search` (0: tinygrad's default
+  heuristics). tinygrad caches each kernel's choice on disk, so a machine searches a kernel once."""
+  def __init__(self, fn, search:int, what:str): self.fn, self.search, self.what = TinyJit(fn), search, what
+  @property
+  def captured(self): return self.fn.captured
+  def __call__(self, *args):
+    if self.fn.captured is not None: return self.fn(*args)
+    with Context(BEAM=self.search), notice(f"compiling {self.what}" + (", searching kernels" if self.search else "")):
+      return self.fn(*args)
+
+@contextlib.contextmanager
+def notice(what:str, after:float=3.0):
+  """Say on stderr what runs once it has taken `after` seconds, and when it ends: a first run compiles, and searches
+  kernels for minutes (gpt2-xl); later runs find both in tinygrad's disk cache."""
+  t0, timer = time.perf_counter(), threading.Timer(after, lambda: print(f"spec: {what} (cached for later runs) ...", file=sys.stderr, flush=True))
+  timer.start()
+  try: yield
+  finally:
+    timer.cancel()
+    if time.perf_counter() - t0 > after: print(f"spec: {what}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
 _token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
 def device_tokens(tokens:list[int]) -> Tensor:
@@ -145,12 +173,28 @@ def device_tokens(tokens:list[int]) -> Tensor:
   return build(zeros, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
 
 def padded_width(T:int) -> int:
-  """The width a T-token pass runs at. tinygrad's kernel heuristics split a matmul's row axis by 4 or 3 only, so a
+  """The width a T-token pass runs at with tinygrad's default kernels. Their heuristics split a matmul's row axis by 4 or 3 only, so a
   pass of 5 rows reads every weight 5 times and one of 8 rows twice: round up to a multiple of 4, unless T already is a
-  multiple of 3 (measured on the CPU backend in tests/benchmark.py: widths 2, 3, 5 run faster padded to 4, 4, 8)."""
+  multiple of 3 (measured on the CPU backend in tests/benchmark.py: widths 2, 3, 5 run faster padded to 4, 4, 8). A
+  kernel search finds kernels for the width itself, which beat padding (gpt2, width 2: 52 ms, padded to 4: 74 ms)."""
   return T if T == 1 or (T % 3 == 0 and T > 3) else -(-T // 4) * 4
 
 # ***** loading *****
+
+def check_device() -> None:
+  """Compile and run one kernel on tinygrad's device (DEV, else the first that opens): a machine without a usable one
+  fails here in one line, not in a traceback from the first forward pass. Native compilers' messages are silenced."""
+  asked = os.environ.get("DEV") or "unset"   # read first: tinygrad sets DEV when it picks a device
+  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    # vectorized stores and a reduction, as every forward pass has; compiled now, not found in tinygrad's disk cache
+    with Context(CACHELEVEL=0): (Tensor.ones(256).contiguous() + 1).sum().item()
+  except Exception as e:
+    why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    raise OSError(f"no usable tinygrad device (DEV {asked}; {why}): install clang for the CPU backend (Linux: apt-get "
+                  "install clang) or a GPU backend, and choose it with DEV=CPU, DEV=CUDA, DEV=METAL, DEV=CL, ...") from None
+  finally: os.dup2(saved, 2); os.close(saved); os.close(devnull)
 
 DTYPES = {"float32": dtypes.float32, "float16": dtypes.float16}
 
@@ -161,19 +205,21 @@ def resolve_dtype(name:str) -> DType:
   if name not in DTYPES: raise ValueError(f"dtype must be auto, {' or '.join(DTYPES)}, got {name!r}")
   return DTYPES[name]
 
-def load(name_or_dir:str, dtype:str="auto", dummy:bool=False) -> GPT2:
+def load(name_or_dir:str, dtype:str="auto", dummy:bool=False, search:int=0) -> GPT2:
   """A model by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: from the Hugging Face cache, else downloaded into it;
   models/hub.py) or from a local Hugging Face checkpoint directory (config.json + model.safetensors), its weights in
-  dtype ("auto", "float32", "float16"). dummy=True: random weights of that shape, nothing read or downloaded."""
+  dtype ("auto", "float32", "float16"). dummy=True: random weights of that shape, nothing read or downloaded.
+  search: the BEAM width of the kernel search for its step passes (GPT2.jit), 0 for tinygrad's default kernels."""
+
   path, dtype_ = pathlib.Path(name_or_dir), resolve_dtype(dtype)
   if name_or_dir in CONFIGS and not path.is_dir():
-    if dummy: return _randomize(GPT2(CONFIGS[name_or_dir], dtype_))
+    if dummy: return _randomize(GPT2(CONFIGS[name_or_dir], dtype_, search))
     try: path = hub.snapshot(f"{HUB_ORG}/{name_or_dir}")
     except hub.HubError as e: raise CheckpointError(str(e)) from None
   elif not path.is_dir():
     if "/" in name_or_dir or name_or_dir.startswith("."): raise CheckpointError(f"{name_or_dir}: no such checkpoint directory")
     raise CheckpointError(f"unknown model {name_or_dir!r}: use one of {', '.join(CONFIGS)} or a local checkpoint directory")
-  model = GPT2(_read_config(path / "config.json"), dtype_)
+  model = GPT2(_read_config(path / "config.json"), dtype_, search)
   if dummy: return _randomize(model)
   _load_weights(model, path / "model.safetensors")
   return model

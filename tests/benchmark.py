@@ -5,6 +5,7 @@
                                        # prompt lookup on docs-target with repetitive prompts
   python tests/benchmark.py --quick    # fewer tokens, a smoke run
   python tests/benchmark.py --pairs docs --json results.json
+  python tests/benchmark.py --search 0 # tinygrad's default kernels instead of searched ones (spec.py --search)
 
 For each pair and temperature: t_target and t_draft (one-token decodes), t_verify(K+1) (one target pass of width
 K+1), alpha, tokens per round, and the wall times of the autoregressive baseline and of speculative sampling on
@@ -13,13 +14,13 @@ the same prompts and token counts. From those:
   theoretical (the seed)  = r'(K+1) t_target / (K t_draft + t_target)
   overhead-aware          = (tokens per round) t_target / (K t_draft + t_verify(K+1))
   efficiency              = measured / overhead-aware  (1.0: the loop around the forward passes costs nothing)
-plus the memory read bandwidth (a matrix-vector product over 1 GiB, tinygrad's and numpy's BLAS), the gpt2-xl decode as a multiple of (weight bytes / bandwidth) with tinygrad's default
-kernels and with kernels chosen by its BEAM search (what JITBEAM=2 gives a user), the peak resident memory against
-weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero). For the shared pair also
+plus the memory read bandwidth (a matrix-vector product over 1 GiB: tinygrad's, numpy's BLAS on all cores and on
+one), the gpt2-xl decode as a multiple of (weight bytes / bandwidth), its K+1-token passes as multiples of its decode,
+the peak resident memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero). For the shared pair also
 the tokens of paired first rounds under both verification rules (the same drafted block and draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
-import argparse, collections, gc, json, os, pathlib, platform, resource, sys, time
+import argparse, collections, gc, json, os, pathlib, platform, resource, subprocess, sys, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
@@ -57,6 +58,12 @@ def bandwidth(nbytes:int=1 << 30, reps:int=5) -> dict[str, float]:
   if Device.DEFAULT.split(":")[0] == "CPU":
     a, v = np.ones((n, n), dtype=np.float32), np.ones(n, dtype=np.float32)
     measured["numpy BLAS matvec"] = nbytes / spec.best_seconds(lambda: a @ v, reps)
+    del a
+    one = "import numpy as np, time; a, v = np.ones((%d, %d), np.float32), np.ones(%d, np.float32); t = []\n" \
+          "for _ in range(%d): t0 = time.perf_counter(); a @ v; t.append(time.perf_counter() - t0)\nprint(min(t))" % (n, n, n, reps)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", one], env=env, capture_output=True, text=True, check=True)
+    measured["numpy BLAS matvec, 1 thread"] = nbytes / float(out.stdout)
   return measured
 
 def forward_time(model:models.GPT2, width:int, reps:int) -> float:
@@ -64,15 +71,6 @@ def forward_time(model:models.GPT2, width:int, reps:int) -> float:
   x = Tensor([[models.EOT] * width], dtype=dtypes.int32)
   for _ in range(2): model(x, 100).realize()
   return spec.best_seconds(lambda: model(x, 100).realize(), reps)
-
-def beam_decode_time(model:models.GPT2, beam:int, reps:int) -> float:
-  """A one-token decode JIT-compiled with kernels from tinygrad's BEAM search (searched once, then cached on disk)."""
-  x, pos, jit = Tensor([[models.EOT]], dtype=dtypes.int32), model.positions.bind(100), TinyJit(model.forward)
-  t0 = time.perf_counter()
-  with Context(BEAM=beam):
-    for _ in range(2): jit(x, pos).realize()
-  print(f"  BEAM={beam} search and capture: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-  return spec.best_seconds(lambda: jit(x, pos).realize(), reps)
 
 def sizes(model:models.GPT2) -> tuple[int, int]:
   """(weight bytes, KV-cache bytes) as allocated."""
@@ -162,26 +160,25 @@ def main():
   ap.add_argument("--quick", action="store_true", help="a smoke run: few tokens and repetitions")
   ap.add_argument("--json", metavar="FILE", help="also write every figure to this file")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the models (as spec.py --dtype)")
-  ap.add_argument("--beam", type=int, default=2, metavar="N", help="also time the gpt2-xl decode with kernels from tinygrad's "
-                  "BEAM search of width N (minutes the first time, then cached); 0 skips it")
+  ap.add_argument("--search", type=int, default=1, metavar="N", help="kernels from tinygrad's BEAM search of width N, as "
+                  "spec.py --search (minutes the first time on a machine, then cached); 0: tinygrad's default kernels")
   args = ap.parse_args()
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
   enc = models.tokenizer()
   prompts = [enc.encode(p) for p in PROMPTS]
-  report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}, {args.dtype}",
+  report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}, {args.dtype}, search {args.search}",
                 results=[])
   print(f"# spec benchmark: {report['machine']}\n")
   if "xl" in pairs:   # first, so that the peak resident memory is this run's
-    target, draft = models.load("gpt2-xl", args.dtype, dummy=True), models.load("gpt2", args.dtype, dummy=True)
+    target, draft = (models.load(name, args.dtype, dummy=True, search=args.search) for name in ("gpt2-xl", "gpt2"))
     (tw, tk), (dw, dk), target_dtype = sizes(target), sizes(draft), target.dtype.name
     result = bench_pair("dummy gpt2-xl / gpt2", target, draft, prompts[:1], 8 if args.quick else 24, reps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report["memory"] = dict(weight_bytes=tw + dw, kv_bytes=tk + dk, peak_rss=rss)
     report["results"].append(result)
-    if args.beam: report["t_target_beam"] = beam_decode_time(target, args.beam, reps)
     del target, draft; gc.collect()
   report["bandwidth"] = bws = bandwidth()
-  bw = max(bws.values())
+  bw = max(v for k, v in bws.items() if "1 thread" not in k)
   if "xl" in pairs:
     xl, mem = report["results"][0], report["memory"]
     floor = tw / bw
@@ -189,11 +186,11 @@ def main():
     seed_theory = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_target"])
     seed_aware = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_verify"][SEED_K])
     report["xl"] = dict(bandwidth_floor=floor, decode_over_floor=xl["t_target"] / floor,
-                        beam_decode_over_floor=report["t_target_beam"] / floor if args.beam else None,
+                        single_core_floor=tw / report["bandwidth"]["numpy BLAS matvec, 1 thread"] if "numpy BLAS matvec, 1 thread" in report["bandwidth"] else None,
                         ar_over_floor={T: s / floor for T, s in ar_per_token.items()},
                         seed_prediction=seed_theory, seed_prediction_overhead_aware=seed_aware)
   if "docs" in pairs or "ngram" in pairs:
-    target, draft = (models.load(str(SHARED / d), args.dtype) for d in ("docs-target", "docs-draft"))
+    target, draft = (models.load(str(SHARED / d), args.dtype, search=args.search) for d in ("docs-target", "docs-draft"))
   if "docs" in pairs:
     report["results"].append(bench_pair("docs-target / docs-draft", target, draft, prompts, 32 if args.quick else 128, reps))
     report["paired"] = [paired_rounds(target, draft, [enc.encode(p) for p in PAIRED_PROMPTS], K, 1.0, 3 if args.quick else 20)
@@ -209,8 +206,10 @@ def main():
     print(f"gpt2-xl decode: t_target {xl['t_target']*1e3:.0f} ms = {x['decode_over_floor']:.2f}x the bandwidth floor "
           f"({target_dtype} weights {tw/1e9:.2f} GB / {bw/1e9:.1f} GB/s = {floor*1e3:.0f} ms); autoregressive per token incl. "
           f"sampling: {', '.join(f'T={T:g} {v:.2f}x' for T, v in x['ar_over_floor'].items())}")
-    if args.beam: print(f"gpt2-xl decode with BEAM={args.beam} kernels (JITBEAM={args.beam}): {report['t_target_beam']*1e3:.0f} ms = "
-                        f"{x['beam_decode_over_floor']:.2f}x the bandwidth floor, {xl['t_target']/report['t_target_beam']:.2f}x faster than default kernels")
+    print(f"gpt2-xl passes of K+1 tokens / its decode: " + ", ".join(f"{k+1}: {xl['t_verify'][k]/xl['t_target']:.2f}x" for k in spec.LOOKAHEADS)
+          + f"; gpt2 decode {xl['t_draft']*1e3:.1f} ms = {xl['t_draft']/(dw/bw):.2f}x its floor ({dw/1e9:.2f} GB)")
+    if x["single_core_floor"]: print(f"one core's floor (numpy BLAS, 1 thread): gpt2-xl {x['single_core_floor']*1e3:.0f} ms, decode = "
+                                     f"{xl['t_target']/x['single_core_floor']:.2f}x it (tinygrad runs a process's CPU kernels on one core)")
     print(f"peak resident memory {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/(mem['weight_bytes']+mem['kv_bytes']):.2f}x "
           f"(weights {mem['weight_bytes']/1e9:.2f} GB + KV caches {mem['kv_bytes']/1e9:.2f} GB)")
     print(f"the seed's acceptance (r' {SEED_R_PRIME}, K {SEED_K}) with these gpt2-xl/gpt2 costs: {x['seed_prediction']:.2f}x "

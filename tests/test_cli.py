@@ -8,7 +8,7 @@ from conftest import ROOT, TINY, random_weights, shared_dir, write_checkpoint
 
 def pair() -> list[str]:
   d = shared_dir()
-  return ["--target", str(d / "docs-target"), "--draft", str(d / "docs-draft"), "--dtype", conftest.DTYPE]
+  return ["--target", str(d / "docs-target"), "--draft", str(d / "docs-draft"), "--dtype", conftest.DTYPE, "--search", "0"]
 
 def run(args, capsys) -> tuple[int, str, str]:
   try: code = spec.main(args)
@@ -21,7 +21,7 @@ def test_help_explains_every_flag():
   assert out.returncode == 0
   for flag in ("--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
-               "--ngram-max", "--ngram-min", "--dtype", "--verify", "auto"):
+               "--ngram-max", "--ngram-min", "--dtype", "--verify", "--search", "auto"):
     assert flag in out.stdout
   assert "default: gpt2-xl" in out.stdout and "default: 4" in out.stdout and "default: block" in out.stdout
 
@@ -37,7 +37,7 @@ def test_json_with_compare(capsys):
     assert key in obj["stats"], key
 
 def test_prompt_lookup_with_auto_lookahead(capsys):
-  code, out, _ = run(pair()[:2] + ["--draft", "ngram", "-K", "auto", "--prompt", "A list is a list. A list is", "-n", "16",
+  code, out, _ = run(pair()[:2] + ["--search", "0", "--draft", "ngram", "-K", "auto", "--prompt", "A list is a list. A list is", "-n", "16",
                                    "--compare", "--json"], capsys)
   obj = json.loads(out)
   assert code == 0 and obj["tokens"] == obj["baseline"]["tokens"]
@@ -68,6 +68,7 @@ def test_trace_lines(tmp_path, capsys):
   (["--target", "./no/such/dir"], "no such checkpoint directory"),
   (["--dtype", "bfloat16"], "argument --dtype: invalid choice: 'bfloat16'"),
   (["--verify", "tree"], "argument --verify: invalid choice: 'tree'"),
+  (["--search", "-1"], "search must be >= 0"),
 ])
 def test_bad_input_one_line_exit_2(args, words, capsys):
   code, _, err = run(["--prompt", "x"] + args, capsys)
@@ -98,7 +99,8 @@ def test_dummy_weights_say_so(tmp_path, capsys):
   # a config.json is all --dummy-weights reads: one small layer over GPT-2's vocabulary
   write_checkpoint(tmp_path / "small", dict(TINY, n_layer=1, vocab_size=50257), {})
   ckpt = str(tmp_path / "small")
-  code, out, err = run(["--target", ckpt, "--draft", ckpt, "--dtype", conftest.DTYPE, "--dummy-weights", "--prompt", "x", "-n", "4", "--json"], capsys)
+  code, out, err = run(["--target", ckpt, "--draft", ckpt, "--dtype", conftest.DTYPE, "--search", "0", "--dummy-weights", "--prompt",
+                        "x", "-n", "4", "--json"], capsys)
   obj = json.loads(out)
   assert code == 0 and obj["dummy_weights"] is True and len(obj["tokens"]) == 4 and "random weights" in err
 
