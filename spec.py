@@ -236,7 +236,7 @@ class AcceptanceEstimate:
 
 # ***** the round loop *****
 
-def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4, max_new_tokens:int=256,
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=2, max_new_tokens:int=256,
                          sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None,
                          verification:str="block") -> tuple[list[int], Stats]:
   """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
@@ -445,9 +445,10 @@ def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int
 class Printer:
   """Streams decoded text to stdout; on a terminal, draft-accepted tokens in one colour, target-produced ones in another."""
   COLORS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
-  def __init__(self, enc, color:bool):
-    self.enc, self.color, self.decoder = enc, color, codecs.getincrementaldecoder("utf-8")(errors="replace")
+  def __init__(self, enc, color:bool, header:str):  # the header waits for the first token: warm-up may print notices
+    self.enc, self.color, self.header, self.decoder = enc, color, header, codecs.getincrementaldecoder("utf-8")(errors="replace")
   def __call__(self, event:dict):
+    if self.header: sys.stdout.write(self.header); self.header = ""
     text = self.decoder.decode(self.enc.decode_single_token_bytes(event["id"]))
     sys.stdout.write(f"{self.COLORS[event['source']]}{text}\033[0m" if self.color and text else text)
     sys.stdout.flush()
@@ -488,7 +489,7 @@ def parse_args(argv=None):
                   "what followed the latest earlier occurrence of the context's last tokens (prompt lookup)")
   ap.add_argument("--ngram-max", type=int, default=3, help="--draft ngram: the longest suffix to look up")
   ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
-  ap.add_argument("-K", "--lookahead", type=lookahead, default=4, help="tokens the draft proposes per round; 'auto' "
+  ap.add_argument("-K", "--lookahead", type=lookahead, default=2, help="tokens the draft proposes per round; 'auto' "
                   f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the running acceptance")
   ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
                   "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. 2023). "
@@ -538,8 +539,7 @@ def main(argv=None) -> int:
   if args.dummy_weights: print("WARNING: --dummy-weights: random weights, the text is noise; only the timings mean anything", file=sys.stderr)
   results = {}
   for name in (["baseline"] if args.compare else []) + ["speculative"]:
-    printer = Printer(enc, color)
-    if stream: print(f"{'-'*20} {name} {'-'*20}\n{prompt}", end="", flush=True)
+    printer = Printer(enc, color, f"{'-'*20} {name} {'-'*20}\n{prompt}")
     if name == "baseline": out = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
     else: out = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token, verification=args.verify)
     results[name] = out

@@ -146,19 +146,20 @@ class Step:
   def captured(self): return self.fn.captured
   def __call__(self, *args):
     if self.fn.captured is not None: return self.fn(*args)
-    with Context(BEAM=self.search), notice(f"compiling {self.what}" + (", searching kernels" if self.search else "")):
+    with Context(BEAM=self.search), notice(f"compiling {self.what}" + (" with searched kernels" if self.search else "")):
       return self.fn(*args)
 
 @contextlib.contextmanager
-def notice(what:str, after:float=3.0):
+def notice(what:str, after:float=10.0):
   """Say on stderr what runs once it has taken `after` seconds, and when it ends: a first run compiles, and searches
   kernels for minutes (gpt2-xl); later runs find both in tinygrad's disk cache."""
-  t0, timer = time.perf_counter(), threading.Timer(after, lambda: print(f"spec: {what} (cached for later runs) ...", file=sys.stderr, flush=True))
+  say = lambda text: print(f"spec: {what}{text}", file=sys.stderr, flush=True)
+  t0, timer = time.perf_counter(), threading.Timer(after, say, [" (the work of a first run: tinygrad caches it) ..."])
   timer.start()
   try: yield
   finally:
     timer.cancel()
-    if time.perf_counter() - t0 > after: print(f"spec: {what}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    if time.perf_counter() - t0 > after: say(f": done in {time.perf_counter() - t0:.0f} s")
 
 _token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
 def device_tokens(tokens:list[int]) -> Tensor:

@@ -8,7 +8,7 @@ process on the same machine (ratios from one run). Not a dependency of spec.py o
 
 Forward passes: one pass of w tokens after a KV cache of 100 tokens (a decode for w = 1), best of 5, float32, both on
 all cores (torch.set_num_threads(os.cpu_count())). Generation: the shared pair on a dozen English prompts, 64 new
-tokens each, greedy; spec with default flags (K 4, block verification, searched kernels) against transformers' plain
+tokens each, greedy; spec with default flags (K 2, block verification, searched kernels) against transformers' plain
 and assisted generation (assistant_model=the draft, its default settings), both after a warm-up generation.
 """
 import argparse, os, pathlib, sys, time
@@ -28,7 +28,7 @@ def torch_pass(model, width:int, pos:int=100, reps:int=5) -> float:
   with torch.no_grad():
     cache = model(torch.full((1, pos), models.EOT), use_cache=True).past_key_values
     x, best = torch.full((1, width), models.EOT), float("inf")
-    for _ in range(reps + 2):
+    for _ in range(reps + 2):  # the first calls warm up
       t0 = time.perf_counter(); model(x, past_key_values=cache, use_cache=True); best = min(best, time.perf_counter() - t0)
       cache.crop(-width)                                            # drop what the pass appended
   return best
@@ -82,7 +82,7 @@ def main():
     run = (lambda p: spec.speculative_generate(target, draft, p, max_new_tokens=args.n, eos=None)) if speculative else \
           (lambda p: spec.autoregressive_generate(target, p, max_new_tokens=args.n, eos=None))
     return sum(len(run(p)[0]) for p in prompts)
-  runs = {"spec, target alone": lambda: ours(False), "spec, speculative (K 4, block)": lambda: ours(True),
+  runs = {"spec, target alone": lambda: ours(False), "spec, speculative (default flags)": lambda: ours(True),
           "transformers, target alone": lambda: hf(False), "transformers, assisted generation": lambda: hf(True)}
   print(f"\n### the shared pair: {len(prompts)} prompts x {args.n} new tokens, greedy\n\n| run | tokens/s |\n|---|---|")
   for name, fn in runs.items():

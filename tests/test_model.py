@@ -114,7 +114,6 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   decode = ("forward_padded", 1, ("width", 1))
   assert a.jits is not b.jits and a.jits[decode] is not b.jits[decode]
 
-@pytest.mark.backend
 def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
   """search > 0: passes of at most SEARCHED_WIDTH tokens run kernels from tinygrad's BEAM search (which caches its result
   on disk: a machine searches a kernel once), a longer prefill tinygrad's default ones; the logits do not change."""
