@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse, codecs, json, math, os, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, UOp, Device, Context, dtypes
+from tinygrad import Tensor, UOp, Device, dtypes
 import models
 from models import EOT, GPT2, device_tokens
 

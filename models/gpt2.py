@@ -90,13 +90,14 @@ class GPT2:
     # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
     self.jits: dict[tuple, Step] = {}
 
-  def jit(self, fn, T:int, **static) -> Step:
-    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them). Passes of
-    at most SEARCHED_WIDTH tokens, the steps of a generation, get kernels from a search; a long prompt's prefill does not."""
-    key = (fn.__name__, T, *sorted(static.items()))
+  def jit(self, fn, T:int, search:bool=True, **static) -> Step:
+    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them). Its
+    kernels come from a search (self.search) if search and T <= SEARCHED_WIDTH: the steps of a generation, not the
+    prefill, which runs once per prompt."""
+    key = (fn.__name__, T, *sorted(static.items())) + (() if search else ("prefill",))
     if key not in self.jits:
       what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
-      self.jits[key] = Step(functools.partial(fn, **static), self.search if T <= SEARCHED_WIDTH else 0, what)
+      self.jits[key] = Step(functools.partial(fn, **static), self.search if search and T <= SEARCHED_WIDTH else 0, what)
     return self.jits[key]
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
@@ -112,19 +113,19 @@ class GPT2:
     logits = self.ln_f(x)[0].matmul(self.wte.weight.T, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
     return logits[:, :self.cfg.vocab_size].contiguous()                                        # (T, vocab)
 
-  def __call__(self, tokens:Tensor|list[int], start_pos:int) -> Tensor:
+  def __call__(self, tokens:Tensor|list[int], start_pos:int, search:bool=True) -> Tensor:
     """JIT-compiled forward of tokens (1, T) or a list: after two calls of a width nothing compiles again, whatever
     start_pos is. With tinygrad's default kernels T tokens run as a pass of padded_width(T) (repeating the last token)
     when the context has room: the extra rows' logits are dropped, and the cache entries they write lie past the T
-    tokens, so they are overwritten before anything reads them. Searched kernels run any width as it is."""
+    tokens, so they are overwritten before anything reads them. Searched kernels (search, GPT2.jit) run any width as it is."""
     if isinstance(tokens, list): tokens = device_tokens(tokens)
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    W = T if self.search and T <= SEARCHED_WIDTH else padded_width(T)
+    W = T if self.search and search and T <= SEARCHED_WIDTH else padded_width(T)
     if start_pos + W > self.cfg.n_positions: W = T                                     # no room: run unpadded
     # a fresh buffer: one input layout, whoever made tokens
-    return self.jit(self.forward_padded, T, width=W)(tokens.clone(), self.positions.bind(start_pos))
+    return self.jit(self.forward_padded, T, search, width=W)(tokens.clone(), self.positions.bind(start_pos))
 
   def forward_padded(self, tokens:Tensor, start_pos:int|UOp, width:int) -> Tensor:
     """forward() at `width` >= T positions, repeating the last token; the logits (T, vocab) of the T real ones."""
@@ -133,8 +134,8 @@ class GPT2:
     return self.forward(tokens.cat(tokens[:, -1:].expand(1, width - T), dim=1), start_pos)[:T].contiguous()
 
   def prefill(self, tokens:list[int]) -> None:
-    """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, like every width)."""
-    if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0).realize()
+    """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, without a search)."""
+    if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0, search=False).realize()
 
 SEARCHED_WIDTH = 16
 

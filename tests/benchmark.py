@@ -20,7 +20,7 @@ the peak resident memory against weight + KV-cache bytes, and kernels compiled d
 the tokens of paired first rounds under both verification rules (the same drafted block and draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
-import argparse, collections, gc, json, os, pathlib, platform, resource, subprocess, sys, time
+import argparse, collections, gc, json, os, pathlib, platform, resource, subprocess, sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
@@ -28,7 +28,6 @@ if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", s
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, dtypes
-from tinygrad.helpers import Context
 from tinygrad.codegen import to_program_cache
 from tinygrad.nn.state import get_state_dict
 import models, spec
@@ -206,7 +205,7 @@ def main():
     print(f"gpt2-xl decode: t_target {xl['t_target']*1e3:.0f} ms = {x['decode_over_floor']:.2f}x the bandwidth floor "
           f"({target_dtype} weights {tw/1e9:.2f} GB / {bw/1e9:.1f} GB/s = {floor*1e3:.0f} ms); autoregressive per token incl. "
           f"sampling: {', '.join(f'T={T:g} {v:.2f}x' for T, v in x['ar_over_floor'].items())}")
-    print(f"gpt2-xl passes of K+1 tokens / its decode: " + ", ".join(f"{k+1}: {xl['t_verify'][k]/xl['t_target']:.2f}x" for k in spec.LOOKAHEADS)
+    print("gpt2-xl passes of K+1 tokens / its decode: " + ", ".join(f"{k+1}: {xl['t_verify'][k]/xl['t_target']:.2f}x" for k in spec.LOOKAHEADS)
           + f"; gpt2 decode {xl['t_draft']*1e3:.1f} ms = {xl['t_draft']/(dw/bw):.2f}x its floor ({dw/1e9:.2f} GB)")
     if x["single_core_floor"]: print(f"one core's floor (numpy BLAS, 1 thread): gpt2-xl {x['single_core_floor']*1e3:.0f} ms, decode = "
                                      f"{xl['t_target']/x['single_core_floor']:.2f}x it (tinygrad runs a process's CPU kernels on one core)")

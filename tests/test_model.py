@@ -115,15 +115,16 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   assert a.jits is not b.jits and a.jits[decode] is not b.jits[decode]
 
 def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
-  """search > 0: passes of at most SEARCHED_WIDTH tokens run kernels from tinygrad's BEAM search (which caches its result
-  on disk: a machine searches a kernel once), a longer prefill tinygrad's default ones; the logits do not change."""
+  """search > 0: step passes (at most SEARCHED_WIDTH tokens) run kernels from tinygrad's BEAM search (which caches its
+  result on disk: a machine searches a kernel once), a prefill tinygrad's default ones; the logits do not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
   searched_widths, beam_search = [], tinygrad_search.beam_search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: searched_widths.append(a[3]) or beam_search(*a, **kw))
   plain, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
-  seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, models.gpt2.SEARCHED_WIDTH + 2)]
+  seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  assert searched_widths == [], "a prefill longer than SEARCHED_WIDTH searched"
+  assert searched_widths == [], "a prefill searched"
+  assert searched.jit(searched.forward_padded, models.gpt2.SEARCHED_WIDTH + 1, width=models.gpt2.SEARCHED_WIDTH + 1).search == 0
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # the JIT captures on its second call
   assert searched_widths and set(searched_widths) == {1}
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]      # searched kernels run 2 tokens 2 wide, unpadded
