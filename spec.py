@@ -507,8 +507,8 @@ def parse_args(argv=None):
                   "KV cache (logits and sampling are float32); auto: float32 on the CPU backend, float16 on GPU backends, "
                   "which read half the bytes and compute in half natively")
   ap.add_argument("--search", type=int, default=1, metavar="N", help="choose the kernels of the draft's and target's "
-                  "passes by tinygrad's BEAM search of width N (the first run on a machine searches, ~1 min for gpt2 and "
-                  "~3 for gpt2-xl on a 2-core CPU; tinygrad caches the result); 0: tinygrad's default kernels, no search")
+                  "passes by tinygrad's BEAM search of width N (the first run on a machine searches: about 3.5 min for "
+                  "gpt2-xl with gpt2 on a 2-core CPU; tinygrad caches the result); 0: tinygrad's default kernels, no search")
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
   return ap.parse_args(argv)
 
@@ -517,12 +517,12 @@ def main(argv=None) -> int:
   try:
     models.check_device()
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     check([], [], args.max_new_tokens, args.lookahead)
     prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
-    if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     target = models.load(args.target, args.dtype, args.dummy_weights, args.search)
     if args.draft != "ngram": draft = models.load(args.draft, args.dtype, args.dummy_weights, args.search)
     check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)

@@ -90,14 +90,18 @@ class GPT2:
     # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
     self.jits: dict[tuple, Step] = {}
 
+  def beam(self, T:int, search:bool=True) -> int:
+    """The kernel search width for a pass of T tokens: self.search for the steps of a generation (at most SEARCHED_WIDTH
+    tokens), 0 (tinygrad's default kernels) for a prefill (search=False), which runs once per prompt."""
+    return self.search if search and T <= SEARCHED_WIDTH else 0
+
   def jit(self, fn, T:int, search:bool=True, **static) -> Step:
-    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them). Its
-    kernels come from a search (self.search) if search and T <= SEARCHED_WIDTH: the steps of a generation, not the
-    prefill, which runs once per prompt."""
+    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them), its
+    kernels searched as beam(T, search) says."""
     key = (fn.__name__, T, *sorted(static.items())) + (() if search else ("prefill",))
     if key not in self.jits:
       what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
-      self.jits[key] = Step(functools.partial(fn, **static), self.search if search and T <= SEARCHED_WIDTH else 0, what)
+      self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what)
     return self.jits[key]
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
@@ -122,7 +126,7 @@ class GPT2:
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    W = T if self.search and search and T <= SEARCHED_WIDTH else padded_width(T)
+    W = T if self.beam(T, search) else padded_width(T)
     if start_pos + W > self.cfg.n_positions: W = T                                     # no room: run unpadded
     # a fresh buffer: one input layout, whoever made tokens
     return self.jit(self.forward_padded, T, search, width=W)(tokens.clone(), self.positions.bind(start_pos))
@@ -212,7 +216,6 @@ def load(name_or_dir:str, dtype:str="auto", dummy:bool=False, search:int=0) -> G
   models/hub.py) or from a local Hugging Face checkpoint directory (config.json + model.safetensors), its weights in
   dtype ("auto", "float32", "float16"). dummy=True: random weights of that shape, nothing read or downloaded.
   search: the BEAM width of the kernel search for its step passes (GPT2.jit), 0 for tinygrad's default kernels."""
-
   path, dtype_ = pathlib.Path(name_or_dir), resolve_dtype(dtype)
   if name_or_dir in CONFIGS and not path.is_dir():
     if dummy: return _randomize(GPT2(CONFIGS[name_or_dir], dtype_, search))
