@@ -3,16 +3,16 @@
 Sampling", Algorithm 2) with a small draft GPT-2 and a large target GPT-2 on tinygrad.
 
 Notation as in the paper: p is the draft's distribution, q the target's, K the lookahead, n the length of the
-sequence so far. One round (speculative_generate's loop):
+sequence so far. One round (generate()'s loop):
   1. the draft samples x~_1..x~_K autoregressively, x~_t ~ p(x | x_1..x_n, x~_1..x~_t-1)        propose()
   2. the target computes q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K) in one forward pass   Verifier
   3. token by token: keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)), r_t ~ U[0, 1); at the first
      rejection draw x ~ norm(max(0, q - p)); if all K are kept draw a bonus x ~ q_K+1       token_verification()
      or, by default, judge the block as a whole (Sun et al. 2025, block verification)     block_verification()
-Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token).
-A round runs on the device; the host reads one small vector per round.
-Two extensions keep the same verifier: PromptLookup drafts by copying from the context (p is one-hot on its proposal),
-and K="auto" chooses K each round by the measured cost of a round and the running acceptance rate.
+Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token). A round runs
+on the device; the host reads one small vector per round. The same verifier serves PromptLookup, which drafts by copying
+from the context (p one-hot on its proposal), and the baseline, which drafts nothing; K="auto" chooses K each round by
+the measured cost of a round and the running acceptance rate.
 The file reads top to bottom: the algorithm, the drafters, the round loop, tinygrad plumbing, the command line.
 """
 from __future__ import annotations
@@ -39,10 +39,9 @@ class Sampling:
   @property
   def static(self) -> dict[str, bool]:
     """The structural choices, compiled separately: greedy (argmax, no random draws) and filtered (top-k/top-p on).
-    The values themselves travel as Tensors."""
+    The values themselves go in as Tensors (tensors()), so changing them compiles nothing."""
     return dict(greedy=self.temperature == 0, filtered=self.top_k > 0 or self.top_p < 1)
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
-    # values go into the JIT-compiled functions as Tensors, so changing them compiles nothing
     return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([self.top_k or vocab_size], dtype=dtypes.int32),
             Tensor([self.top_p], dtype=dtypes.float32))
 
@@ -133,13 +132,14 @@ def block_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Te
 
 RULES = {"block": block_verification, "token": token_verification}
 
-def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool,
-           filtered:bool, rule:str):
+def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool,
+           filtered:bool, rule:str, one_hot:bool=False):
   """Step 3, modified rejection sampling by a rule of RULES. q_logits (K+1, V) from the target's pass over block =
-  [x_n, x~_1..x~_K], p (K, V). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one
-  float32 vector."""
-  K, V = p.shape
-  q, drafted = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered), block[0, 1:]
+  [x_n, x~_1..x~_K], p (K, V); one_hot (a deterministic draft: prompt lookup, or none): p = None, as it is one-hot on each
+  x~_t. Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one float32 vector."""
+  (K, V), drafted = (block.shape[1] - 1, q_logits.shape[-1]), block[0, 1:]
+  if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
+  q = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
   r = uniform(key, nonce, K + V, greedy=greedy)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   n, dist = RULES[rule](p, q, drafted, r[:K])                                  # n kept, the residual or the bonus q_K+1
@@ -147,23 +147,11 @@ def verify(q_logits:Tensor, p:Tensor, block:Tensor, key:Tensor, nonce:UOp, tempe
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
-def verify_lookup(q_logits:Tensor, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, **static):
-  """Step 3 for a deterministic draft (prompt lookup): p is one-hot on each proposed token, so x~_t is kept with
-  probability q(x~_t) and a rejection draws from norm(max(0, q - onehot(x~_t)))."""
-  p = (block[0, 1:].unsqueeze(-1) == Tensor.arange(q_logits.shape[-1])).float().contiguous()
-  return verify(q_logits, p, block, key, nonce, temperature, top_k, top_p, **static)
-
-def next_token(logits:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool, filtered:bool):
-  """The baseline's step: x ~ q(x | x_1..x_n) from the target's logits (1, V). Returns [token, q(token)]."""
-  q = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
-  token = sample(q, uniform(key, nonce, *q.shape, greedy=greedy))
-  return Tensor.stack(token[0].float(), q[0, token[0]]).realize()
-
 # ***** drafters: what proposes a round's tokens *****
 
 class Drafter(Protocol):
-  """Step 1 for the loop: a draft model or prompt lookup, so that the loop never asks which."""
-  kind: str                                        # "model" or "ngram", for the statistics
+  """Step 1 for the loop: a draft model, prompt lookup or none (the baseline), so that the loop never asks which."""
+  kind: str                                        # "model", "ngram" or "" (none), for the statistics
   one_hot: bool                                    # propose() returns p = None: one-hot on the block
   def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
@@ -208,11 +196,15 @@ class PromptLookup:
     for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
       suffix = tokens[-n:]
       for start in range(len(tokens) - n - 1, -1, -1):               # most recent first, never the suffix itself
-        if tokens[start:start + n] == suffix:
-          extended = list(tokens)
-          for i in range(K): extended.append(extended[start + n + i])
-          return extended[len(tokens):]
+        if tokens[start:start + n] == suffix: return [tokens[start + n + i % (len(tokens) - start - n)] for i in range(K)]
     return []
+
+class NoDraft:
+  """The baseline's drafter: it proposes nothing, so every round is one target step, x_n+1 ~ q (K 0)."""
+  kind, one_hot = "", True
+  def reset(self, tokens:list[int]): pass
+  def ready(self, K:int) -> bool: return True
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]: return device_tokens(tokens[-1:]), None
 
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
@@ -231,8 +223,7 @@ class AcceptanceEstimate:
   def __init__(self, decay:float=0.95): self.kept, self.rejected, self.decay = 1.0, 1.0, decay
   def update(self, accepted:int, K:int):
     if K: self.kept, self.rejected = self.decay * self.kept + accepted, self.decay * self.rejected + (accepted < K)
-  @property
-  def alpha(self) -> float: return self.kept / (self.kept + self.rejected)
+  alpha = property(lambda self: self.kept / (self.kept + self.rejected))
 
 # ***** the round loop *****
 
@@ -243,11 +234,22 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   draft: a GPT2 or a PromptLookup. K: the lookahead, or "auto" to choose it each round from LOOKAHEADS by measured costs.
   verification: "block" or "token" (RULES). on_token(dict) is called for each emitted token with its id, source, index
   in its round, q(x) and p(x)."""
-  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  check([target] + ([draft] if isinstance(draft, GPT2) else []), tokens, max_new_tokens, K, verification)
+  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K, verification)
   key = seed_key(seed)
-  drafter: Drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
-  verifier, stats = Verifier(target, sampling, key, verification), Stats(K=K, draft=drafter.kind, verification=verification)
+  drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
+  return generate(drafter, Verifier(target, sampling, key, verification), prompt_tokens, K, max_new_tokens, eos, on_token)
+
+def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
+                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
+  """The baseline: the target alone, one token per pass (rounds that draft nothing), same warps, KV cache and JIT."""
+  check([target], prompt_tokens or [EOT], max_new_tokens, 1)
+  return generate(NoDraft(), Verifier(target, sampling, seed_key(seed), "token"), prompt_tokens, 0, max_new_tokens, eos, on_token)
+
+def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|str, max_new_tokens:int, eos:int|None,
+             on_token) -> tuple[list[int], Stats]:
+  """The rounds, until max_new_tokens or an EOS. The round's random streams: 2r (draft) and 2r+1 (verification)."""
+  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
+  target, stats = verifier.target, Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
   lookaheads, t0 = LOOKAHEADS if K == "auto" else (K,), time.perf_counter()
   round_seconds = warm_up(drafter, verifier, lookaheads, tokens[0], measure=K == "auto")
   stats.t_target, stats.time_warmup = time_target_decode(target, tokens[0]), time.perf_counter() - t0
@@ -272,8 +274,8 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
 class Output:
   """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
   def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
-    self.tokens, self.new, self.max_new_tokens, self.eos, self.on_token, self.stats = prompt_tokens, [], max_new_tokens, eos, on_token, stats
-    self.done = False
+    self.tokens, self.new, self.done = prompt_tokens, [], False
+    self.max_new_tokens, self.eos, self.on_token, self.stats = max_new_tokens, eos, on_token, stats
   def emit(self, events:list[dict]) -> None:
     """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is dropped)."""
     for e in events:
@@ -292,29 +294,6 @@ def round_events(result:list[float], K:int) -> list[dict]:
   source = "resampled" if accepted < K else "bonus" if K else "target"
   return events + [dict(id=token, source=source, index=accepted, q=result[2], p=result[3] if accepted < K else None)]
 
-def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
-                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
-  """The baseline: the target alone, one token per pass, same warps, KV cache and JIT. Returns the new tokens and Stats."""
-  tokens = list(prompt_tokens) or [EOT]
-  check([target], tokens, max_new_tokens, 1)
-  stats, key, params = Stats(), seed_key(seed), sampling.tensors(target.cfg.vocab_size)
-  step = lambda token, start_pos, nonce: target_step(target, token, start_pos, key, nonce, params, sampling.static)
-  t0 = time.perf_counter()
-  if target.jit(next_token, 1, **sampling.static).captured is None:
-    for _ in range(2): step(tokens[0], 0, 0)     # capture before the prefill, at position 0, which it overwrites
-  stats.t_target = time_target_decode(target, tokens[0])
-  stats.time_warmup = time.perf_counter() - t0
-  target.prefill(tokens[:-1])
-  out = Output(tokens, max_new_tokens, eos, on_token, stats)
-  start = time.perf_counter()
-  while not out.done:
-    token, q = read(step(tokens[-1], len(tokens) - 1, len(out.new)), stats)
-    stats.rounds += 1
-    out.emit([dict(id=int(token), source="target", index=0, q=q, p=None)])
-  stats.finish(start, len(out.new))
-  stats.time_verify = stats.time_total
-  return out.new, stats
-
 # ***** tinygrad plumbing: compiled steps, random streams, warm-up, timing *****
 
 # a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
@@ -327,13 +306,12 @@ class Verifier:
   """Steps 2 and 3: the target's pass over the block, then verify() by the rule, JIT-compiled per width and rule; a
   one-hot p (prompt lookup) is built inside the same call."""
   def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
-    self.target, self.key, self.params = target, key, sampling.tensors(target.cfg.vocab_size)
+    self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    q_logits, args = self.target(block, start_pos), (self.key, NONCE.bind(nonce), *self.params)
-    if p is None: return self.jit(block.shape[1], True)(q_logits, block, *args)
-    return self.jit(block.shape[1], False)(q_logits, p, block, *args)
-  def jit(self, width:int, one_hot:bool): return self.target.jit(verify_lookup if one_hot else verify, width, **self.static)
+    q_logits = self.target(block, start_pos)
+    return self.jit(block.shape[1], p is None)(q_logits, p, block, self.key, NONCE.bind(nonce), *self.params)
+  def jit(self, width:int, one_hot:bool): return self.target.jit(verify, width, one_hot=one_hot, **self.static)
   def ready(self, K:int, one_hot:bool) -> bool:  # a one-hot draft also has rounds without a proposal
     return all(self.jit(k + 1, one_hot).captured is not None for k in ((0, K) if one_hot else (K,)))
 
@@ -351,10 +329,6 @@ def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:b
       for context in ([token], [token, token]): round_(context, k)
   return {k: best_seconds(lambda: read(round_([token, token], k), Stats())) for k in lookaheads} if measure else {}
 
-def target_step(target:GPT2, token:int, start_pos:int, key:Tensor, nonce:int, params, static:dict) -> Tensor:
-  """x_n+1 ~ q(x | x_1..x_n): one target pass and one draw (from stream nonce), [token, q(token)] on the device."""
-  return target.jit(next_token, 1, **static)(target([token], start_pos), key, NONCE.bind(nonce), *params)
-
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
 def time_target_decode(target:GPT2, token:int) -> float:
   """Seconds for one JIT-compiled one-token decode of this model, measured in its first run at position 0 before the
@@ -364,18 +338,12 @@ def time_target_decode(target:GPT2, token:int) -> float:
 
 def best_seconds(fn, reps:int=3) -> float:
   """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
-  best = float("inf")
-  for _ in range(reps):
-    t0 = synchronize(); fn(); best = min(best, synchronize() - t0)
-  return best
+  def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
+  return min(once() for _ in range(reps))
 
-def synchronize() -> float:
-  Device[Device.DEFAULT].synchronize()
-  return time.perf_counter()
+def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
-def read(t:Tensor, stats:Stats) -> list:
-  stats.host_syncs += 1
-  return t.tolist()
+def read(t:Tensor, stats:Stats) -> list: stats.host_syncs += 1; return t.tolist()   # the round's one host read
 
 @dataclass
 class Stats:
@@ -395,20 +363,13 @@ class Stats:
   verification: str = ""          # "block" or "token" (RULES), "" for the baseline
   lookaheads: dict = field(default_factory=dict)  # rounds by the number of tokens drafted in them
   sources: dict = field(default_factory=dict)     # emitted tokens by source: accepted / resampled / bonus / target
-  @property
-  def draft_passes(self) -> int: return self.drafted if self.draft == "model" else 0
-  @property
-  def acceptance_rate(self) -> float: return self.accepted / self.drafted if self.drafted else 0.0      # alpha
-  @property
-  def tokens_per_round(self) -> float: return self.new_tokens / self.rounds if self.rounds else 0.0
-  @property
-  def mean_lookahead(self) -> float: return self.drafted / self.rounds if self.rounds else 0.0
-  @property
-  def r_prime(self) -> float: return self.tokens_per_round / (self.mean_lookahead + 1)                 # the seed's r'
-  @property
-  def tokens_per_s(self) -> float: return self.new_tokens / self.time_total if self.time_total else 0.0
-  @property
-  def time_other(self) -> float: return self.time_total - self.time_draft - self.time_verify
+  draft_passes = property(lambda self: self.drafted if self.draft == "model" else 0)
+  acceptance_rate = property(lambda self: self.accepted / self.drafted if self.drafted else 0.0)     # alpha
+  tokens_per_round = property(lambda self: self.new_tokens / self.rounds if self.rounds else 0.0)
+  mean_lookahead = property(lambda self: self.drafted / self.rounds if self.rounds else 0.0)
+  r_prime = property(lambda self: self.tokens_per_round / (self.mean_lookahead + 1))                # the seed's r'
+  tokens_per_s = property(lambda self: self.new_tokens / self.time_total if self.time_total else 0.0)
+  time_other = property(lambda self: self.time_total - self.time_draft - self.time_verify)
   @property
   def theoretical_speedup(self) -> float:  # r'(K+1) t_target / (t_draft K + t_target), costs from this run
     if not self.draft or not self.t_target: return 1.0
@@ -450,8 +411,7 @@ class Printer:
   def __call__(self, event:dict):
     if self.header: sys.stdout.write(self.header); self.header = ""
     text = self.decoder.decode(self.enc.decode_single_token_bytes(event["id"]))
-    sys.stdout.write(f"{self.COLORS[event['source']]}{text}\033[0m" if self.color and text else text)
-    sys.stdout.flush()
+    print(f"{self.COLORS[event['source']]}{text}\033[0m" if self.color and text else text, end="", flush=True)
 
 def summary(stats:Stats) -> str:
   s = (f"{stats.new_tokens} tokens in {stats.time_total:.2f} s ({stats.tokens_per_s:.1f} tokens/s), {stats.rounds} target passes")
@@ -467,9 +427,7 @@ def summary(stats:Stats) -> str:
     f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x")
 
 class ArgumentParser(argparse.ArgumentParser):
-  def error(self, message):  # one line and exit 2, as for every other bad input
-    print(f"{self.prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+  def error(self, message): self.exit(2, f"{self.prog}: error: {message}\n")  # one line and exit 2, as for all bad input
 
 def lookahead(text:str) -> int|str:
   if text == "auto": return text
@@ -540,10 +498,9 @@ def main(argv=None) -> int:
   results = {}
   for name in (["baseline"] if args.compare else []) + ["speculative"]:
     printer = Printer(enc, color, f"{'-'*20} {name} {'-'*20}\n{prompt}")
-    if name == "baseline": out = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
-    else: out = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token, verification=args.verify)
-    results[name] = out
-    if stream: print(f"\n{'-'*20} {name}: {summary(out[1])}\n")
+    if name == "baseline": results[name] = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
+    else: results[name] = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token, verification=args.verify)
+    if stream: print(f"\n{'-'*20} {name}: {summary(results[name][1])}\n")
   if trace: trace.close()
   tokens, stats = results["speculative"]
   if args.json:

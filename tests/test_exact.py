@@ -174,8 +174,8 @@ def test_verify_rejects_a_token_the_target_never_emits_and_resamples_from_the_re
     assert n == 0 and token in (0, 2)            # residual max(0, q - p) is supported on {0, 2}
 
 @both_rules
-def test_verify_lookup_is_verify_with_a_one_hot_draft(rule):
-  # the same random stream, so the same decisions: verify_lookup builds p = onehot(x~) from the block, nothing else
+def test_one_hot_verify_is_verify_with_a_one_hot_p(rule):
+  # the same random stream, so the same decisions: one_hot builds p = onehot(x~) from the block, nothing else
   rng, K, V = np.random.default_rng(3), 3, 6
   temperature, top_k, top_p = spec.Sampling(1.0).tensors(V)
   for seed in range(10):
@@ -186,7 +186,7 @@ def test_verify_lookup_is_verify_with_a_one_hot_draft(rule):
     with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q / q.sum(1, keepdims=True)).astype(np.float32))
     block = Tensor([[0] + drafted], dtype=dtypes.int32)
     args = (block, spec.seed_key(seed), 0, temperature, top_k, top_p)
-    looked_up = spec.verify_lookup(q_logits, *args, **spec.Sampling(1.0).static, rule=rule).tolist()
+    looked_up = spec.verify(q_logits, None, *args, **spec.Sampling(1.0).static, rule=rule, one_hot=True).tolist()
     assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, **spec.Sampling(1.0).static,
                                     rule=rule).tolist()
     assert (looked_up[0] == 0) == (seed % 2 == 0) and looked_up[4:4+K] == drafted
