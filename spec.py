@@ -75,8 +75,9 @@ def uniform(key:Tensor, nonce:int|UOp, *shape:int, greedy:bool=False) -> Tensor:
   return (((Tensor.random_bits(key, counter, math.prod(shape)) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
 
 def sample(probs:Tensor, u:Tensor) -> Tensor:
-  """One token per row, distributed as probs (Gumbel-max with u ~ U(0,1) of the same shape); zero-probability tokens never."""
-  return (probs.log() - (-u.log()).log()).argmax(-1)
+  """One token per row, distributed as probs, from u ~ U(0,1) of its shape: the exponential race argmax probs/(-log u), which
+  is Gumbel-max with one log, not three; zero-probability tokens never. Materialized, as argmax reads the scores twice."""
+  return (probs / -u.log()).contiguous().argmax(-1)
 
 def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
   """min(1, q(x)/p(x)) for each drafted x (K,): the probability that the target keeps it. p, q: (K, V)."""
@@ -287,8 +288,7 @@ class Output:
         return
 
 def round_events(result:list[float], K:int) -> list[dict]:
-  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled or bonus token (a round that
-  drafted nothing emits one token of the target's)."""
+  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled, bonus or (K 0) target token."""
   accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
   events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
   source = "resampled" if accepted < K else "bonus" if K else "target"

@@ -2,7 +2,7 @@
 
 The device is tinygrad's, chosen by DEV as for users; --dtype float16 runs the models in half precision (CI runs the
 tests marked `backend` on a second device, in both dtypes)."""
-import json, os, pathlib, struct, sys
+import json, math, os, pathlib, struct, sys
 import numpy as np
 import pytest
 
@@ -124,3 +124,22 @@ def np_gpt2_logits(w:dict[str, np.ndarray], n_head:int, tokens:list[int], eps:fl
     h = gelu(layer_norm(x, g("ln_2.weight"), g("ln_2.bias")) @ g("mlp.c_fc.weight") + g("mlp.c_fc.bias"))
     x = x + h @ g("mlp.c_proj.weight") + g("mlp.c_proj.bias")
   return layer_norm(x, w["ln_f.weight"], w["ln_f.bias"]) @ w["wte.weight"].T
+
+def chi2_sf(x:float, k:int) -> float:
+  """P(chi2_k > x): the regularized upper incomplete gamma Q(k/2, x/2) (series or continued fraction)."""
+  a, x = k / 2, x / 2
+  if x <= 0: return 1.0
+  front = math.exp(-x + a * math.log(x) - math.lgamma(a))
+  if x < a + 1:
+    term = total = 1 / a
+    for n in range(1, 1000):
+      term *= x / (a + n); total += term
+      if term < total * 1e-15: break
+    return 1 - front * total
+  b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
+  h = d
+  for i in range(1, 1000):
+    an, b = -i * (i - a), b + 2
+    d = 1 / (an * d + b or 1e-300); c = b + an / c or 1e-300; h *= d * c
+    if abs(d * c - 1) < 1e-15: break
+  return front * h

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 import spec
+from conftest import chi2_sf
 
 pytestmark = pytest.mark.backend   # the device's own acceptance, residual and verify(), in float64 (needs device support)
 
@@ -41,6 +42,22 @@ def test_enumeration_detects_a_wrong_rule():
   assert np.abs(rule_distribution(p, q, residual=lambda p, q: q) - q).max() > 0.05                 # resample from q
   lenient = lambda p, q, x: (spec.acceptance(p, q, x) * 2).minimum(1)                              # r ~ U[0, 0.5]
   assert np.abs(rule_distribution(p, q, acceptance=lenient) - q).max() > 0.05
+
+def sampled_counts(probs:np.ndarray, n:int, seed:int) -> np.ndarray:
+  """How often sample() draws each token in n rows of probs, with u from uniform() (the run's stream 0 of seed)."""
+  rows = Tensor(np.tile(probs, (n, 1)).astype(np.float32))
+  return np.bincount(spec.sample(rows, spec.uniform(spec.seed_key(seed), 0, n, len(probs))).numpy(), minlength=len(probs))
+
+def test_sample_draws_each_token_with_its_probability():
+  # the enumerations above price the draw from the residual exactly; this checks the draw itself. 40000 rows, a fixed
+  # seed: chi-square goodness of fit p > 1e-3 (a correct sampler fails with probability 1e-3), never a zero-probability
+  # token; the same counts reject probs squared and the two largest swapped (power ~1: chi2 > 2000 expected, 1e-3 at 16)
+  probs, n = np.array([0.5, 0.3, 0.15, 0.05, 0.0]), 40000
+  counts = sampled_counts(probs, n, seed=7)
+  assert counts[4] == 0 and counts.sum() == n
+  fit = lambda expected: chi2_sf(float(((counts[:4] - n * expected) ** 2 / (n * expected)).sum()), 3)
+  assert fit(probs[:4]) > 1e-3, counts
+  assert fit(probs[:4] ** 2 / (probs[:4] ** 2).sum()) < 1e-3 and fit(probs[[1, 0, 2, 3]]) < 1e-3
 
 # ***** a whole round on toy conditional tables, under both verification rules *****
 

@@ -7,7 +7,7 @@ from tinygrad import Tensor
 import models, spec
 from spec import PromptLookup, Sampling, autoregressive_generate, speculative_generate
 import conftest
-from conftest import PROMPTS, TINY, load, random_weights, tolerance, write_checkpoint
+from conftest import PROMPTS, TINY, chi2_sf, load, random_weights, tolerance, write_checkpoint
 
 # ***** greedy: token for token the target's greedy output *****
 
@@ -127,25 +127,6 @@ def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, 
   assert a == b and a != c
 
 # ***** statistics: the first three tokens of speculative vs target-only sampling *****
-
-def chi2_sf(x:float, k:int) -> float:
-  """P(chi2_k > x): the regularized upper incomplete gamma Q(k/2, x/2) (series or continued fraction)."""
-  a, x = k / 2, x / 2
-  if x <= 0: return 1.0
-  front = math.exp(-x + a * math.log(x) - math.lgamma(a))
-  if x < a + 1:
-    term = total = 1 / a
-    for n in range(1, 1000):
-      term *= x / (a + n); total += term
-      if term < total * 1e-15: break
-    return 1 - front * total
-  b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
-  h = d
-  for i in range(1, 1000):
-    an, b = -i * (i - a), b + 2
-    d = 1 / (an * d + b or 1e-300); c = b + an / c or 1e-300; h *= d * c
-    if abs(d * c - 1) < 1e-15: break
-  return front * h
 
 def test_chi2_sf_known_values():
   assert abs(chi2_sf(3.841459, 1) - 0.05) < 1e-6 and abs(chi2_sf(18.307038, 10) - 0.05) < 1e-6
