@@ -6,12 +6,13 @@ caller passes next; rolling back r tokens is calling with a start position r sma
 recomputed: the stale entries are overwritten before anything reads them).
 """
 from __future__ import annotations
-import contextlib, functools, json, math, os, pathlib, sys, threading, time
+import contextlib, functools, hashlib, importlib.metadata, inspect, json, math, os, pathlib, pickle, sys, threading, time, weakref
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
 from models import hub
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
+from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -101,7 +102,8 @@ class GPT2:
     key = (fn.__name__, T, *sorted(static.items())) + (() if search else ("prefill",))
     if key not in self.jits:
       what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
-      self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what)
+      path = step_file(self, fn, key) if search else None       # a prefill runs once per prompt length: not stored
+      self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what, self, path)
     return self.jits[key]
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
@@ -145,14 +147,57 @@ SEARCHED_WIDTH = 16
 
 class Step:
   """A TinyJit whose kernels, when it captures, come from tinygrad's BEAM search of width `search` (0: tinygrad's default
-  heuristics). tinygrad caches each kernel's choice on disk, so a machine searches a kernel once."""
-  def __init__(self, fn, search:int, what:str): self.fn, self.search, self.what = TinyJit(fn), search, what
+  heuristics). tinygrad caches each kernel's choice on disk, so a machine searches a kernel once. Once captured, the step
+  is also stored at `path` (step_file()), and a later process loads it instead of capturing it again: lowering its
+  kernels to code takes seconds per step. The model's weights and KV cache are stored by name, not by value, so a
+  loaded step runs on the loading model's own."""
+  def __init__(self, fn, search:int, what:str, model:GPT2, path:pathlib.Path|None):
+    self.fn, self.search, self.what, self.model, self.path = TinyJit(fn), search, what, weakref.ref(model), path
+    if path is not None and path.is_file():
+      try:
+        with open(path, "rb") as f: jit = _StateUnpickler(f, state_uops(model)).load()
+        if getattr(jit, "captured", None) is not None: self.fn = jit
+      except Exception: pass                     # unreadable (an interrupted write, another version): capture, rewrite
   @property
   def captured(self): return self.fn.captured
   def __call__(self, *args):
     if self.fn.captured is not None: return self.fn(*args)
     with Context(BEAM=self.search), notice(f"compiling {self.what}" + (" with searched kernels" if self.search else "")):
-      return self.fn(*args)
+      ret = self.fn(*args)
+    if self.fn.captured is not None and self.path is not None: self.save()
+    return ret
+  def save(self):
+    names = {id(u): name for name, u in state_uops(self.model()).items()}
+    tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      with open(tmp, "wb") as f: _StatePickler(f, names).dump(self.fn)
+      os.replace(tmp, self.path)                 # whole or not at all, whoever else writes it
+    except OSError: tmp.unlink(missing_ok=True)  # a read-only cache: every run captures
+
+def state_uops(model:GPT2) -> dict[str, UOp]:
+  """The model's weights and KV cache by name (not what its steps return, which get_state_dict also finds)."""
+  return {name: t.uop.base for name, t in get_state_dict(model).items() if not name.startswith("jits.")}
+
+class _StatePickler(pickle.Pickler):
+  def __init__(self, f, names:dict[int, str]): super().__init__(f, pickle.HIGHEST_PROTOCOL); self.names = names
+  def persistent_id(self, obj): return self.names.get(id(obj)) if isinstance(obj, UOp) else None
+
+class _StateUnpickler(pickle.Unpickler):
+  def __init__(self, f, uops:dict[str, UOp]): super().__init__(f); self.uops = uops
+  def persistent_load(self, name): return self.uops[name]
+
+def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
+  """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),
+  and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file and of
+  fn's, tinygrad's version, device and settings, the model's shape and dtype, the search width and the step's arguments."""
+  root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
+  if not root or CACHELEVEL.value == 0: return None
+  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, inspect.getsourcefile(fn)})]
+  settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
+  what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
+          model.cfg, model.dtype, model.search, key)
+  return pathlib.Path(root) / f"{hashlib.sha256(b''.join(code) + repr(what).encode()).hexdigest()[:32]}.pkl"
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):

@@ -2,7 +2,7 @@
 
 The device is tinygrad's, chosen by DEV as for users; --dtype float16 runs the models in half precision (CI runs the
 tests marked `backend` on a second device, in both dtypes)."""
-import json, math, os, pathlib, struct, sys
+import json, math, os, pathlib, struct, sys, tempfile
 import numpy as np
 import pytest
 
@@ -10,6 +10,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT))
 if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+# captured steps (models/gpt2.py, Step) go to a store of this process's own, never the user's: a run of the suite
+# captures each step once, and no step stored by other code is loaded
+os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
 
 import models  # noqa: E402
 

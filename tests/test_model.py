@@ -134,6 +134,37 @@ def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),
                              atol=tolerance() * np.abs(expected).max())
 
+@pytest.mark.backend
+def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_dir, tmp_path, monkeypatch):
+  """A captured step is stored (Step, step_file) and a later instance of the same shape loads it instead of capturing:
+  it runs on that instance's own weights and KV cache (stored by name), exactly as a step it captured itself would. An
+  unreadable file is captured again and rewritten; SPEC_STEP_CACHE="" stores nothing."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path / "steps"))
+  seq = [int(t) for t in np.random.default_rng(7).integers(0, 64, 9)]
+  def decode(model):  # prefill, then one JIT-compiled step; the JIT captures on its second call
+    model.prefill(seq[:-1])
+    return [model(seq[-1:], len(seq) - 1).numpy() for _ in range(3)][-1]
+  step = lambda model: model.jit(model.forward_padded, 1, width=1)
+  captured = decode(load(tiny_dir / "target"))
+  stored = list((tmp_path / "steps").iterdir())
+  assert [f.suffix for f in stored] == [".pkl"], "the one step, not the prefill"
+  other = load(tiny_dir / "other")                                  # same shape, other weights
+  assert step(other).captured is not None, "not loaded"
+  loaded = decode(other)
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")
+  fresh = load(tiny_dir / "other")
+  assert step(fresh).path is None and step(fresh).captured is None
+  np.testing.assert_array_equal(loaded, decode(fresh))              # the same kernels on the same weights: bit for bit
+  assert_close(loaded, logits(fresh, seq)[-1:])
+  assert not np.allclose(loaded, captured)
+  assert list((tmp_path / "steps").iterdir()) == stored, "SPEC_STEP_CACHE='' wrote a file"
+  monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path / "steps"))
+  stored[0].write_bytes(stored[0].read_bytes()[:1000])               # an interrupted write
+  again = load(tiny_dir / "other")
+  assert step(again).captured is None
+  np.testing.assert_array_equal(decode(again), loaded)
+  assert step(load(tiny_dir / "other")).captured is not None, "not rewritten"
+
 def test_size_table_parameter_counts():
   assert {k: round(c.n_params / 1e6) for k, c in models.CONFIGS.items()} == \
     {"gpt2": 124, "gpt2-medium": 355, "gpt2-large": 774, "gpt2-xl": 1558}

@@ -121,6 +121,23 @@ def test_host_syncs_per_round_and_no_compilation(docs_target, docs_draft, enc, m
     assert len(reads) <= 2 * stats.rounds, f"{len(reads)} host reads in {stats.rounds} rounds"
   assert len(to_program_cache) == compiled, "a 200-token run compiled kernels after warm-up"
 
+@pytest.mark.backend
+def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monkeypatch):
+  """What a second `python spec.py` does: new model instances find every step of a generation stored by the first run
+  (the draft's steps and the verify passes of each K of -K auto, the target's decode), capture none, and emit the same
+  tokens. Prefills are not stored; the baseline loads its step too."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
+  def run():  # -K auto's choices follow measured times, so its tokens are not compared; fixed K's are
+    target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
+    speculative_generate(target, draft, [5, 6, 7], "auto", 10, Sampling(1.0), eos=None)
+    return ([speculative_generate(target, draft, [5, 6, 7], K, 20, Sampling(1.0), seed=3, eos=None)[0] for K in (1, 2, 4)],
+            autoregressive_generate(target, [5, 6, 7], 10, Sampling(1.0), seed=3, eos=None)[0])
+  first = run()
+  captured = []
+  monkeypatch.setattr(models.gpt2.Step, "save", lambda self: captured.append(self.what))
+  assert run() == first
+  assert captured == [], f"captured again: {captured}"
+
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
   a, b, c = (speculative_generate(docs_target, docs_draft, prompt, 3, 30, s, seed)[0] for seed in (7, 7, 8))
@@ -185,6 +202,7 @@ CONTROLS = [(1e9, 120), (2.0, 1000)]   # (factor, samples): the fast control in 
                          ids=["always-accept-token", "always-accept-block", "U0-0.5-token"])
 def test_statistical_test_detects_lenient_acceptance(docs_target, docs_draft, enc, monkeypatch, factor, n, verification):
   monkeypatch.setattr(spec, *lenient(factor, verification))
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")  # stored steps are keyed by the code on disk, which a monkeypatch leaves as is
   forget_verification(docs_target)
   try: assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), Sampling(1.0), n, verification=verification) < 1e-3
   finally: forget_verification(docs_target)
