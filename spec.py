@@ -325,14 +325,13 @@ def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:b
     return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
   for k in lookaheads:
     if drafter.ready(k) and verifier.ready(k, drafter.one_hot): continue
-    for _ in range(2):                           # a TinyJit captures on its second call
-      for context in ([token], [token, token]): round_(context, k)
+    for context in ([token], [token, token]): round_(context, k)
   return {k: best_seconds(lambda: read(round_([token, token], k), Stats())) for k in lookaheads} if measure else {}
 
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
 def time_target_decode(target:GPT2, token:int) -> float:
   """Seconds for one JIT-compiled one-token decode of this model, measured in its first run at position 0 before the
-  prefill rewrites it (the best of 3: a JIT that is not captured yet spends its first two calls capturing)."""
+  prefill rewrites it (the best of 3: the first call captures)."""
   if target not in _decode_seconds: _decode_seconds[target] = best_seconds(lambda: target([token], 0), 3)
   return _decode_seconds[target]
 

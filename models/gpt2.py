@@ -98,12 +98,11 @@ class GPT2:
 
   def jit(self, fn, T:int, search:bool=True, **static) -> Step:
     """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them), its
-    kernels searched as beam(T, search) says."""
+    kernels searched as beam(T, search) says, and stored for later processes (step_file)."""
     key = (fn.__name__, T, *sorted(static.items())) + (() if search else ("prefill",))
     if key not in self.jits:
       what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
-      path = step_file(self, fn, key) if search else None       # a prefill runs once per prompt length: not stored
-      self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what, self, path)
+      self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what, self, step_file(self, fn, key))
     return self.jits[key]
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
@@ -120,7 +119,7 @@ class GPT2:
     return logits[:, :self.cfg.vocab_size].contiguous()                                        # (T, vocab)
 
   def __call__(self, tokens:Tensor|list[int], start_pos:int, search:bool=True) -> Tensor:
-    """JIT-compiled forward of tokens (1, T) or a list: after two calls of a width nothing compiles again, whatever
+    """JIT-compiled forward of tokens (1, T) or a list: after the first call of a width nothing compiles again, whatever
     start_pos is. With tinygrad's default kernels T tokens run as a pass of padded_width(T) (repeating the last token)
     when the context has room: the extra rows' logits are dropped, and the cache entries they write lie past the T
     tokens, so they are overwritten before anything reads them. Searched kernels (search, GPT2.jit) run any width as it is."""
@@ -140,8 +139,14 @@ class GPT2:
     return self.forward(tokens.cat(tokens[:, -1:].expand(1, width - T), dim=1), start_pos)[:T].contiguous()
 
   def prefill(self, tokens:list[int]) -> None:
-    """Fill the cache with tokens at positions 0..len-1 in one pass (JIT-compiled per prompt length, without a search)."""
-    if tokens: self(Tensor([tokens], dtype=dtypes.int32), 0, search=False).realize()
+    """Fill the cache with tokens at positions 0..len-1, in passes of power-of-two widths (9 tokens: 8, then 1): a
+    prompt of any length runs the same few compiled passes, stored like the steps, so a new length compiles nothing.
+    tinygrad's default kernels, not searched: a first run would search every width."""
+    start = 0
+    while start < len(tokens):
+      T = 1 << (len(tokens) - start).bit_length() - 1
+      self(Tensor([tokens[start:start+T]], dtype=dtypes.int32), start, search=False).realize()
+      start += T
 
 SEARCHED_WIDTH = 16
 
@@ -162,8 +167,10 @@ class Step:
   def captured(self): return self.fn.captured
   def __call__(self, *args):
     if self.fn.captured is not None: return self.fn(*args)
+    # a TinyJit runs its function plainly once, then captures it: both now, on the same inputs (a step computes and
+    # writes the same twice), so that a step called once, like a prefill's, is captured and stored too
     with Context(BEAM=self.search), notice(f"compiling {self.what}" + (" with searched kernels" if self.search else "")):
-      ret = self.fn(*args)
+      for _ in range(max(1, 2 - self.fn.cnt)): ret = self.fn(*args)
     if self.fn.captured is not None and self.path is not None: self.save()
     return ret
   def save(self):

@@ -99,7 +99,7 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   a, b = load(tiny_dir / "target"), load(tiny_dir / "other")
   toks = lambda n: Tensor([[3] * n], dtype=dtypes.int32)
   for m in (a, b):
-    for _ in range(2): m(toks(1), 5), m(toks(5), 5)          # warm-up: the JIT captures on its second call
+    m(toks(1), 5), m(toks(5), 5)                             # warm-up: a step captures on its first call
   compiled = len(to_program_cache)
   for pos in range(6, 60):
     a(toks(1), pos).realize(); a(toks(5), pos + 1).realize(); b(toks(1), pos).realize()
@@ -114,6 +114,19 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   decode = ("forward_padded", 1, ("width", 1))
   assert a.jits is not b.jits and a.jits[decode] is not b.jits[decode]
 
+@pytest.mark.backend
+def test_a_prefill_of_a_new_length_compiles_nothing(tiny):
+  """A prefill runs passes of power-of-two widths (7 tokens: 4, 2, 1): once those are captured, prompts of other lengths
+  made of them compile nothing, and the cache they fill is the full forward's."""
+  seq = [int(t) for t in np.random.default_rng(8).integers(0, 64, 12)]
+  full = logits(tiny, seq)
+  tiny.prefill(seq[:7]); tiny(seq[7:8], 7)
+  compiled = len(to_program_cache)
+  for n in (6, 5, 3, 1):                                            # 4+2, 4+1, 2+1, 1: new lengths, the same widths
+    tiny.prefill(seq[:n])
+    np.testing.assert_allclose(tiny(seq[n:n+1], n).numpy(), full[n:n+1], atol=tolerance() * np.abs(full).max())
+  assert len(to_program_cache) == compiled, "a prefill of a new length compiled a kernel"
+
 def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
   """search > 0: step passes (at most SEARCHED_WIDTH tokens) run kernels from tinygrad's BEAM search (which caches its
   result on disk: a machine searches a kernel once), a prefill tinygrad's default ones; the logits do not change."""
@@ -125,7 +138,7 @@ def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
   searched.prefill(seq[:-1])
   assert searched_widths == [], "a prefill searched"
   assert searched.jit(searched.forward_padded, models.gpt2.SEARCHED_WIDTH + 1, width=models.gpt2.SEARCHED_WIDTH + 1).search == 0
-  step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # the JIT captures on its second call
+  step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
   assert searched_widths and set(searched_widths) == {1}
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]      # searched kernels run 2 tokens 2 wide, unpadded
   assert ("forward_padded", 2, ("width", 2)) in searched.jits
@@ -141,15 +154,16 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
   unreadable file is captured again and rewritten; SPEC_STEP_CACHE="" stores nothing."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path / "steps"))
   seq = [int(t) for t in np.random.default_rng(7).integers(0, 64, 9)]
-  def decode(model):  # prefill, then one JIT-compiled step; the JIT captures on its second call
+  def decode(model):  # a prefill's pass of 8 tokens, then a one-token step, each captured on its first call
     model.prefill(seq[:-1])
     return [model(seq[-1:], len(seq) - 1).numpy() for _ in range(3)][-1]
   step = lambda model: model.jit(model.forward_padded, 1, width=1)
+  prefill = lambda model: model.jit(model.forward_padded, 8, search=False, width=8)
   captured = decode(load(tiny_dir / "target"))
-  stored = list((tmp_path / "steps").iterdir())
-  assert [f.suffix for f in stored] == [".pkl"], "the one step, not the prefill"
+  stored = sorted((tmp_path / "steps").iterdir())
+  assert [f.suffix for f in stored] == [".pkl", ".pkl"], "the step and the prefill's pass"
   other = load(tiny_dir / "other")                                  # same shape, other weights
-  assert step(other).captured is not None, "not loaded"
+  assert step(other).captured is not None and prefill(other).captured is not None, "not loaded"
   loaded = decode(other)
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   fresh = load(tiny_dir / "other")
@@ -157,11 +171,11 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
   np.testing.assert_array_equal(loaded, decode(fresh))              # the same kernels on the same weights: bit for bit
   assert_close(loaded, logits(fresh, seq)[-1:])
   assert not np.allclose(loaded, captured)
-  assert list((tmp_path / "steps").iterdir()) == stored, "SPEC_STEP_CACHE='' wrote a file"
+  assert sorted((tmp_path / "steps").iterdir()) == stored, "SPEC_STEP_CACHE='' wrote a file"
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path / "steps"))
-  stored[0].write_bytes(stored[0].read_bytes()[:1000])               # an interrupted write
+  for f in stored: f.write_bytes(f.read_bytes()[:1000])              # interrupted writes
   again = load(tiny_dir / "other")
-  assert step(again).captured is None
+  assert step(again).captured is None and prefill(again).captured is None
   np.testing.assert_array_equal(decode(again), loaded)
   assert step(load(tiny_dir / "other")).captured is not None, "not rewritten"
 
