@@ -139,16 +139,19 @@ class GPT2:
     return self.forward(tokens.cat(tokens[:, -1:].expand(1, width - T), dim=1), start_pos)[:T].contiguous()
 
   def prefill(self, tokens:list[int]) -> None:
-    """Fill the cache with tokens at positions 0..len-1, in passes of power-of-two widths (9 tokens: 8, then 1): a
-    prompt of any length runs the same few compiled passes, stored like the steps, so a new length compiles nothing.
-    tinygrad's default kernels, not searched: a first run would search every width."""
+    """Fill the cache with tokens at positions 0..len-1, in passes of PREFILL_WIDTH tokens, then of power-of-two widths
+    (100 tokens: 64, 32, 4): a prompt of any length runs the same few compiled passes, stored like the steps, so a new
+    length compiles nothing. tinygrad's default kernels, not searched: a first run would search every width."""
     start = 0
     while start < len(tokens):
-      T = 1 << (len(tokens) - start).bit_length() - 1
+      T = min(PREFILL_WIDTH, 1 << (len(tokens) - start).bit_length() - 1)
       self(Tensor([tokens[start:start+T]], dtype=dtypes.int32), start, search=False).realize()
       start += T
 
 SEARCHED_WIDTH = 16
+# the widest prefill pass: wider ones are no faster per token on a CPU (compute-bound), hold larger intermediate buffers
+# once captured, and run twice when first captured
+PREFILL_WIDTH = 64
 
 class Step:
   """A TinyJit whose kernels, when it captures, come from tinygrad's BEAM search of width `search` (0: tinygrad's default
