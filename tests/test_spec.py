@@ -1,5 +1,5 @@
 """Speculative generation on real and tiny models: greedy identity, statistics, stopping, round structure, fast path."""
-import math
+import collections, math
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
@@ -125,7 +125,7 @@ def test_host_syncs_per_round_and_no_compilation(docs_target, docs_draft, enc, m
 def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monkeypatch):
   """What a second `python spec.py` does: new model instances find every step of a generation stored by the first run
   (the draft's steps and the verify passes of each K of -K auto, the target's decode), capture none, and emit the same
-  tokens. Prefills are not stored; the baseline loads its step too."""
+  tokens. The prefill passes and the baseline's step are loaded too."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
   def run():  # -K auto's choices follow measured times, so its tokens are not compared; fixed K's are
     target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
@@ -137,6 +137,23 @@ def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monk
   monkeypatch.setattr(models.gpt2.Step, "save", lambda self: captured.append(self.what))
   assert run() == first
   assert captured == [], f"captured again: {captured}"
+
+@pytest.mark.backend
+def test_the_rounds_call_only_steps_that_warm_up_called_twice(tiny_dir, tmp_path, monkeypatch):
+  """A step's first call captures it, or links a stored one (0.15 s on the shared pair), and its second is slower than
+  the rest: both belong to warm-up, not to the timed rounds (a run that loaded its steps reported half its speed)."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
+  calls, at_start, call, output = collections.Counter(), [], models.gpt2.Step.__call__, spec.Output
+  monkeypatch.setattr(models.gpt2.Step, "__call__", lambda self, *args: calls.update([self]) or call(self, *args))
+  monkeypatch.setattr(spec, "Output", lambda *args: at_start.append(calls.copy()) or output(*args))  # the rounds begin
+  for run in ("captured", "loaded"):
+    target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
+    for generate in (lambda: speculative_generate(target, draft, [5, 6, 7], 2, 20, Sampling(1.0), eos=None),
+                     lambda: speculative_generate(target, PromptLookup(), [5, 6, 5, 6], 2, 20, eos=None),
+                     lambda: autoregressive_generate(target, [5, 6, 7], 10, Sampling(1.0), eos=None)):
+      calls.clear(); generate()
+      in_rounds = [(step.what, at_start[-1][step]) for step in calls if calls[step] > at_start[-1][step]]
+      assert in_rounds and all(n >= 2 for _, n in in_rounds), f"{run}: the rounds' steps, called before them: {in_rounds}"
 
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
