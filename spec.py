@@ -298,15 +298,21 @@ NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
 class Verifier:
-  """Steps 2 and 3: the target's pass over the block, then verify() by the rule, JIT-compiled per width and rule; a
-  one-hot p (prompt lookup) is built inside the same call."""
+  """Steps 2 and 3: the target's pass over the block, then verify() by the rule, one JIT call (target_verify()) per
+  width and rule; a one-hot p (prompt lookup) is built inside the same call."""
   def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
     self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    q_logits = self.target(block, start_pos)
-    return self.jit(block.shape[1], p is None)(q_logits, p, block, self.key, NONCE.bind(nonce), *self.params)
-  def jit(self, width:int, one_hot:bool): return self.target.jit(verify, width, one_hot=one_hot, **self.static)
+    T = block.shape[1]
+    step = self.target.jit(target_verify, T, width=self.target.width(T, start_pos), one_hot=p is None, **self.static)
+    return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
+
+def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p, *,
+                  width:int, **static) -> Tensor:
+  """Steps 2 and 3 in one JIT call: the target's pass over block (at `width`, GPT2.width()), then verify(). One call, not
+  the model's own forward step and then verify(): that step copies its input, and scheduling the copy took 1.7 ms."""
+  return verify(target.forward_padded(block, start_pos, width), p, block, key, nonce, temperature, top_k, top_p, **static)
 
 def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:bool) -> dict[int, float]:
   """Run the JIT-compiled steps of every K twice before the prefill, at positions 0 and 1, so that what warm-up writes

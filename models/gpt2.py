@@ -127,10 +127,15 @@ class GPT2:
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    W = T if self.beam(T, search) else padded_width(T)
-    if start_pos + W > self.cfg.n_positions: W = T                                     # no room: run unpadded
     # a fresh buffer: one input layout, whoever made tokens
-    return self.jit(self.forward_padded, T, search, width=W)(tokens.clone(), self.positions.bind(start_pos))
+    return self.jit(self.forward_padded, T, search, width=self.width(T, start_pos, search))(tokens.clone(),
+                                                                                         self.positions.bind(start_pos))
+
+  def width(self, T:int, start_pos:int, search:bool=True) -> int:
+    """The width a T-token pass at start_pos runs at (forward_padded): T with searched kernels, padded_width(T) with
+    tinygrad's default ones when the context has room."""
+    W = T if self.beam(T, search) else padded_width(T)
+    return W if start_pos + W <= self.cfg.n_positions else T
 
   def forward_padded(self, tokens:Tensor, start_pos:int|UOp, width:int) -> Tensor:
     """forward() at `width` >= T positions, repeating the last token; the logits (T, vocab) of the T real ones."""

@@ -209,7 +209,7 @@ def lenient(factor, verification):
   return "block_acceptance", lambda p, q, x, block_acceptance=spec.block_acceptance: (block_acceptance(p, q, x)[0], Tensor.ones(x.shape[0] + 1))
 
 def forget_verification(model):  # the next round re-traces verify(), with whatever rule spec has now
-  for key in [k for k in model.jits if k[0] == "verify"]: del model.jits[key]
+  for key in [k for k in model.jits if k[0] == spec.target_verify.__name__]: del model.jits[key]
 
 CONTROLS = [(1e9, 120), (2.0, 1000)]   # (factor, samples): the fast control in CI, the seed's U[0, 0.5] one marked slow
 
