@@ -157,6 +157,7 @@ class Drafter(Protocol):
   def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
+  def warm(self, K:int) -> bool: ...               # its JIT-compiled steps for K have run twice (Step.warm)
 
 class ModelDraft:
   """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`. Its KV cache
@@ -173,6 +174,7 @@ class ModelDraft:
     step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
     return step(self.model, device_tokens(tokens[start:]), self.model.positions.bind(start), self.key, NONCE.bind(nonce),
                 *self.params)
+  def warm(self, K:int) -> bool: return all(self.model.jit(propose, w, K=K, **self.static).warm for w in (1, 2))
 
 @dataclass(frozen=True)
 class PromptLookup:
@@ -184,6 +186,7 @@ class PromptLookup:
   def __post_init__(self):
     if not 1 <= self.ngram_min <= self.ngram_max: raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
   def reset(self, tokens:list[int]): pass
+  def warm(self, K:int) -> bool: return True
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]:
     """The block [x_n, lookup(tokens, K)]: k = K tokens or, without a match, none (the round is a target step)."""
     return device_tokens(tokens[-1:] + self.lookup(tokens, K)), None
@@ -200,6 +203,7 @@ class NoDraft:
   """The baseline's drafter: it proposes nothing, so every round is one target step, x_n+1 ~ q (K 0)."""
   kind, one_hot = "", True
   def reset(self, tokens:list[int]): pass
+  def warm(self, K:int) -> bool: return True
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]: return device_tokens(tokens[-1:]), None
 
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
@@ -304,9 +308,12 @@ class Verifier:
     self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    T = block.shape[1]
-    step = self.target.jit(target_verify, T, width=self.target.width(T, start_pos), one_hot=p is None, **self.static)
+    step = self.step(block.shape[1], start_pos, p is None)
     return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
+  def step(self, T:int, start_pos:int, one_hot:bool):
+    return self.target.jit(target_verify, T, width=self.target.width(T, start_pos), one_hot=one_hot, **self.static)
+  def warm(self, K:int, one_hot:bool) -> bool:  # a one-hot draft also has rounds without a proposal
+    return all(self.step(k + 1, 0, one_hot).warm for k in ((0, K) if one_hot else (K,)))
 
 def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p, *,
                   width:int, **static) -> Tensor:
@@ -315,16 +322,18 @@ def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tenso
   return verify(target.forward_padded(block, start_pos, width), p, block, key, nonce, temperature, top_k, top_p, **static)
 
 def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:bool) -> dict[int, float]:
-  """Run the JIT-compiled steps of every K twice before the prefill, at positions 0 and 1, so that what warm-up writes
-  into the caches is overwritten before anything reads it: a round after one new token and after two (a draft model's
-  catch-up after a full accept; prompt lookup without and with a match). A step's first call captures it, or links a
-  stored one (0.15 s on the shared pair), and its second is still slow: neither belongs in the timed rounds.
-  measure: also the seconds of a round with each K (best of 3), which -K auto starts from."""
+  """Run the JIT-compiled steps of every K until each has run twice, before the prefill, at positions 0 and 1, so that
+  what warm-up writes into the caches is overwritten before anything reads it: a round after one new token and after
+  two (a draft model's catch-up after a full accept; prompt lookup without and with a match). A step's first call
+  captures it, or links a stored one (0.15 s on the shared pair), and its second is still slow: neither belongs in the
+  timed rounds. measure: also the seconds of a round with each K (best of 3), which -K auto starts from."""
   def round_(context:list[int], k:int) -> Tensor:
     drafter.reset([token])
     return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
   for k in lookaheads:
-    for context in ([token], [token, token]) * 2: round_(context, k)
+    for _ in range(2):
+      if drafter.warm(k) and verifier.warm(k, drafter.one_hot): break
+      for context in ([token], [token, token]): round_(context, k)
   return {k: best_seconds(lambda: read(round_([token, token], k), Stats())) for k in lookaheads} if measure else {}
 
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()

@@ -167,6 +167,7 @@ class Step:
   loaded step runs on the loading model's own."""
   def __init__(self, fn, search:int, what:str, model:GPT2, path:pathlib.Path|None):
     self.fn, self.search, self.what, self.model, self.path = TinyJit(fn), search, what, weakref.ref(model), path
+    self.calls = 0
     if path is not None and path.is_file():
       try:
         with open(path, "rb") as f: jit = _StateUnpickler(f, state_uops(model)).load()
@@ -174,7 +175,10 @@ class Step:
       except Exception: pass                     # unreadable (an interrupted write, another version): capture, rewrite
   @property
   def captured(self): return self.fn.captured
+  @property
+  def warm(self) -> bool: return self.calls >= 2  # the first call captures or links a loaded step, the second is slow too
   def __call__(self, *args):
+    self.calls += 1
     if self.fn.captured is not None: return self.fn(*args)
     # a TinyJit runs its function plainly once, then captures it: both now, on the same inputs (a step computes and
     # writes the same twice), so that a step called once, like a prefill's, is captured and stored too

@@ -151,9 +151,10 @@ def test_the_rounds_call_only_steps_that_warm_up_called_twice(tiny_dir, tmp_path
     for generate in (lambda: speculative_generate(target, draft, [5, 6, 7], 2, 20, Sampling(1.0), eos=None),
                      lambda: speculative_generate(target, PromptLookup(), [5, 6, 5, 6], 2, 20, eos=None),
                      lambda: autoregressive_generate(target, [5, 6, 7], 10, Sampling(1.0), eos=None)):
-      calls.clear(); generate()
-      in_rounds = [(step.what, at_start[-1][step]) for step in calls if calls[step] > at_start[-1][step]]
-      assert in_rounds and all(n >= 2 for _, n in in_rounds), f"{run}: the rounds' steps, called before them: {in_rounds}"
+      for _ in range(2):  # the second generation finds its steps warm
+        generate()
+        in_rounds = [(step.what, at_start[-1][step]) for step in calls if calls[step] > at_start[-1][step]]
+        assert in_rounds and all(n >= 2 for _, n in in_rounds), f"{run}: the rounds' steps, called before them: {in_rounds}"
 
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
