@@ -127,9 +127,10 @@ class GPT2:
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    # a fresh buffer: one input layout, whoever made tokens
-    return self.jit(self.forward_padded, T, search, width=self.width(T, start_pos, search))(tokens.clone(),
-                                                                                         self.positions.bind(start_pos))
+    step = self.jit(self.forward_padded, T, search, width=self.width(T, start_pos, search))
+    # a fresh buffer: one input layout, whoever made tokens (uncopied, a step captured on one JIT's output buffer read
+    # that buffer when later given another's)
+    return step(tokens.clone(), self.positions.bind(start_pos))
 
   def width(self, T:int, start_pos:int, search:bool=True) -> int:
     """The width a T-token pass at start_pos runs at (forward_padded): T with searched kernels, padded_width(T) with
