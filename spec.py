@@ -252,7 +252,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   target, stats = verifier.target, Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
   lookaheads, t0 = LOOKAHEADS if K == "auto" else (K,), time.perf_counter()
   round_seconds = warm_up(drafter, verifier, lookaheads, tokens[0], measure=K == "auto")
-  stats.t_target, stats.time_warmup = time_target_decode(target, tokens[0]), time.perf_counter() - t0
+  stats.t_target, stats.time_warmup = time_target_decode(verifier, tokens[0]), time.perf_counter() - t0
   target.prefill(tokens[:-1]); drafter.reset(tokens)
   out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
   start = time.perf_counter()
@@ -337,11 +337,15 @@ def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:b
   return {k: best_seconds(lambda: read(round_([token, token], k), Stats())) for k in lookaheads} if measure else {}
 
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
-def time_target_decode(target:GPT2, token:int) -> float:
-  """Seconds for one JIT-compiled one-token decode of this model, measured in its first run at position 0 before the
-  prefill rewrites it (the best of 3: the first call captures)."""
-  if target not in _decode_seconds: _decode_seconds[target] = best_seconds(lambda: target([token], 0), 3)
-  return _decode_seconds[target]
+def time_target_decode(verifier:Verifier, token:int) -> float:
+  """Seconds for a round of the target alone, its one-token pass and draw as the baseline pays them (a draft's t_draft
+  holds its draw too), measured in the model's first run at position 0 before the prefill rewrites it: the best of 3
+  once the step is warm."""
+  decode = lambda: verifier(device_tokens([token]), None, 0, 1)
+  if verifier.target not in _decode_seconds:
+    while not verifier.warm(0, one_hot=True): decode()
+    _decode_seconds[verifier.target] = best_seconds(decode, 3)
+  return _decode_seconds[verifier.target]
 
 def best_seconds(fn, reps:int=3) -> float:
   """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
@@ -362,7 +366,7 @@ class Stats:
   time_draft: float = 0.0         # seconds, synchronized at phase boundaries
   time_verify: float = 0.0
   time_total: float = 0.0
-  t_target: float = 0.0           # one-token target decode, measured in the first run with this model
+  t_target: float = 0.0           # a round of the target alone (pass and draw), measured in the model's first run
   t_draft: float = 0.0            # one draft pass (with its sampling); for prompt lookup, the lookup per drafted token
   time_warmup: float = 0.0        # JIT capture and cost measurements, not in time_total
   K: int | str = 0                # the lookahead asked for: a number, or "auto"; 0 for the baseline

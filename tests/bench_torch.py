@@ -20,9 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
-from tinygrad import Tensor, dtypes
 import models, spec
-from benchmark import PAIRED_PROMPTS
+from benchmark import PAIRED_PROMPTS, forward_time
 
 def torch_pass(model, width:int, pos:int=100, reps:int=5) -> float:
   with torch.no_grad():
@@ -33,15 +32,10 @@ def torch_pass(model, width:int, pos:int=100, reps:int=5) -> float:
       cache.crop(-width)                                            # drop what the pass appended
   return best
 
-def spec_pass(model:models.GPT2, width:int, pos:int=100, reps:int=5) -> float:
-  x = Tensor([[models.EOT] * width], dtype=dtypes.int32)
-  for _ in range(2): model(x, pos).realize()
-  return spec.best_seconds(lambda: model(x, pos).realize(), reps)
-
 def passes(name:str, ours:models.GPT2, theirs, widths=(1, 2, 3, 5, 9)) -> None:
   print(f"\n### {name}: one pass of w tokens, ms (spec / PyTorch)\n\n| w | spec | PyTorch | spec / PyTorch |\n|---|---|---|---|")
   for w in widths:
-    a, b = spec_pass(ours, w), torch_pass(theirs, w)
+    a, b = forward_time(ours, w), torch_pass(theirs, w)
     print(f"| {w} | {a*1e3:.1f} | {b*1e3:.1f} | {a/b:.2f} |", flush=True)
 
 def hf_model(cfg:models.GPT2Config):
