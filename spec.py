@@ -473,8 +473,8 @@ def parse_args(argv=None):
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
   ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, p)")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations and "
-                  "KV cache (logits and sampling are float32); auto: float32 on the CPU backend, float16 on GPU backends, "
-                  "which read half the bytes and compute in half natively")
+                  "KV cache (logits and sampling are float32); auto: float16 where the device computes in half natively (GPUs: "
+                  "half the bytes per pass), else float32")
   ap.add_argument("--search", type=int, default=1, metavar="N", help="choose the kernels of the draft's and target's "
                   "passes by tinygrad's BEAM search of width N (the first run on a machine searches: about 3.5 min for "
                   "gpt2-xl with gpt2 on a 2-core CPU; tinygrad caches the result); 0: tinygrad's default kernels, no search")

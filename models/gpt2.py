@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
 from models import hub
+from models.linear import Linear, choose, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
 
@@ -49,7 +50,7 @@ class CheckpointError(Exception):
 
 class Attention:
   def __init__(self, cfg:GPT2Config, dtype):
-    self.c_attn, self.c_proj = nn.Linear(cfg.n_embd, 3*cfg.n_embd), nn.Linear(cfg.n_embd, cfg.n_embd)
+    self.c_attn, self.c_proj = Linear(cfg.n_embd, 3*cfg.n_embd), Linear(cfg.n_embd, cfg.n_embd)
     self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
     # one preallocated cache per layer and per model instance: (k|v, batch, head, position, head_dim)
     self.cache_kv = Tensor.zeros(2, 1, self.n_head, cfg.n_positions, self.head_dim, dtype=dtype).contiguous().realize()
@@ -58,15 +59,21 @@ class Attention:
     B, T, C = x.shape
     q, k, v = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
     self.cache_kv[:, :, :, start_pos:start_pos+T].assign(Tensor.stack(k, v))
-    keys, values = self.cache_kv[0, :, :, :start_pos+T], self.cache_kv[1, :, :, :start_pos+T]  # (B, H, start_pos+T, D)
+    keys, values = self.cache_kv[0, :, :, :start_pos+T], self.cache_kv[1, :, :, :start_pos+T]  # (B, H, S, D), S = start_pos+T
+    # Written as broadcasts, not matmuls, with the weighted sum over (head, token) rows merged into one axis: the length S
+    # is symbolic, and tinygrad indexes a transposed view of the cache, or a buffer of S columns whose rows it loops over
+    # as two axes, through a division by S per element (gpt2, 5 tokens at position 700, default kernels: 62 ms, now 34)
     # scores and softmax in float32 whatever the dtype: precision, and tinygrad 0.14 miscompiles a max over emulated half
-    scores = q.matmul(keys.transpose(-2, -1), dtype=dtypes.float32) / math.sqrt(self.head_dim)  # (B, H, T, start_pos+T)
-    y = (scores if mask is None else scores + mask).softmax(-1).cast(x.dtype) @ values        # (B, H, T, D)
+    scores = (q.unsqueeze(-2) * keys.unsqueeze(-3)).sum(-1, dtype=dtypes.float32) / math.sqrt(self.head_dim)  # (B, H, T, S)
+    probs = (scores if mask is None else scores + mask).softmax(-1).cast(x.dtype)
+    S, HT = probs.shape[-1], self.n_head * T
+    values = values.unsqueeze(2).expand(B, self.n_head, T, S, self.head_dim).reshape(B, HT, S, self.head_dim)
+    y = (probs.reshape(B, HT, S).unsqueeze(-1) * values).sum(-2).reshape(B, self.n_head, T, self.head_dim)  # (B, H, T, D)
     return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 class MLP:
   def __init__(self, cfg:GPT2Config):
-    self.c_fc, self.c_proj = nn.Linear(cfg.n_embd, 4*cfg.n_embd), nn.Linear(4*cfg.n_embd, cfg.n_embd)
+    self.c_fc, self.c_proj = Linear(cfg.n_embd, 4*cfg.n_embd), Linear(4*cfg.n_embd, cfg.n_embd)
 
   def __call__(self, x:Tensor) -> Tensor: return self.c_proj(self.c_fc(x).gelu())  # tanh GELU, GPT-2's gelu_new
 
@@ -101,9 +108,19 @@ class GPT2:
     kernels searched as beam(T, search) says, and stored for later processes (step_file)."""
     key = (fn.__name__, T, *sorted(static.items())) + (() if search else ("prefill",))
     if key not in self.jits:
+      if self.beam(T, search): self.choose_kernels({1, T})   # a draft's step runs T tokens, then one at a time
       what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
       self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what, self, step_file(self, fn, key))
     return self.jits[key]
+
+  def choose_kernels(self, widths) -> None:
+    """For passes of these widths, measure once per machine which kernels compute each linear layer faster
+    (models/linear.py: the lanes kernel or tinygrad's matmul); every later pass of those widths runs them."""
+    layers = zip(*((b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in self.h))   # each role, every layer
+    groups = [[layer.weight for layer in role] for role in layers] + [[self.wte.weight]]
+    with notice(f"choosing the kernels of {self.cfg.n_layer} layers x {self.cfg.n_embd} for passes of {sorted(widths)} tokens"):
+      for T in widths:
+        for weights in groups: choose(T, weights, self.dtype)
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each.
@@ -111,11 +128,13 @@ class GPT2:
     T = tokens.shape[1]
     # the lookup indexes the vocabulary's rows only: over all padded_vocab rows tinygrad splits it into a slow reduce
     x = self.wte.weight[:self.cfg.vocab_size][tokens] + self.wpe.weight.shrink(((start_pos, start_pos+T), None))  # (1, T, C)
-    mask = Tensor.full((1, 1, T, start_pos+T), float("-inf")).triu(start_pos+1) if T > 1 else None
+    # causal: a token sees the cache and the block up to itself; only the block's own T x T corner is masked (a triu
+    # over all start_pos+T columns builds an arange of that symbolic length: a kernel of (start_pos+T)^2 steps a pass)
+    mask = Tensor.full((1, 1, T, T), float("-inf")).triu(1).pad((None, None, None, (start_pos, 0))) if T > 1 else None
     for block in self.h: x = block(x, start_pos, mask)
     # lm_head tied to wte, over padded_vocab rows: tinygrad's heuristics split a matmul's output axis (into registers
     # and threads) only by factors that divide it, and 50257 = 29 x 1733 (unpadded, gpt2-xl's lm_head took 85 ms, padded 36)
-    logits = self.ln_f(x)[0].matmul(self.wte.weight.T, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
+    logits = linear(self.ln_f(x)[0], self.wte.weight, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
     return logits[:, :self.cfg.vocab_size].contiguous()                                        # (T, vocab)
 
   def __call__(self, tokens:Tensor|list[int], start_pos:int, search:bool=True) -> Tensor:
@@ -210,11 +229,11 @@ class _StateUnpickler(pickle.Unpickler):
 
 def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),
-  and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file and of
-  fn's, tinygrad's version, device and settings, the model's shape and dtype, the search width and the step's arguments."""
+  and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file, of
+  models/linear.py and of fn's, tinygrad's version, device and settings, the model's shape and dtype, the search width and the step's arguments."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   if not root or CACHELEVEL.value == 0: return None
-  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, inspect.getsourcefile(fn)})]
+  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, inspect.getsourcefile(choose), inspect.getsourcefile(fn)})]
   settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
           model.cfg, model.dtype, model.search, key)
@@ -271,9 +290,12 @@ def check_device() -> None:
 DTYPES = {"float32": dtypes.float32, "float16": dtypes.float16}
 
 def resolve_dtype(name:str) -> DType:
-  """"auto" is float32 on the CPU backend, float16 on every other: a GPU reads half the bytes per decode and computes in
-  half natively, while a CPU converts every half value to float and gains little from the smaller weights."""
-  if name == "auto": name = "float32" if Device.DEFAULT.split(":")[0] == "CPU" else "float16"
+  """"auto" is float16 where the device computes in half natively (a GPU: it reads half the bytes per decode), else
+  float32: on the CPU backend every half value is converted to float, and where tinygrad's compiler for the device has no
+  half (an OpenCL driver without cl_khr_fp16, such as pocl on a CPU) tinygrad emulates it (gpt2's decode on pocl: 50.6 ms
+  in float16, 31.0 in float32)."""
+  native_half = dtypes.half in Device[Device.DEFAULT].renderer.supported_dtypes() and Device.DEFAULT.split(":")[0] != "CPU"
+  if name == "auto": name = "float16" if native_half else "float32"
   if name not in DTYPES: raise ValueError(f"dtype must be auto, {' or '.join(DTYPES)}, got {name!r}")
   return DTYPES[name]
 

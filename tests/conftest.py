@@ -33,6 +33,7 @@ def pytest_configure(config):
 # checkpoints): float32 2e-6; float16 weights, activations and KV cache (10-bit mantissa) 3.3e-3
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2}
 def tolerance() -> float: return TOLERANCE[DTYPE]
+def dtype() -> str: return DTYPE
 
 def load(path, **kw) -> models.GPT2:
   """A checkpoint in the suite's dtype."""

@@ -7,8 +7,8 @@ from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models
-from models import gpt2
-from conftest import TINY, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, write_safetensors
+from models import gpt2, linear
+from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, write_safetensors
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
   return model.forward(Tensor([tokens], dtype=dtypes.int32), start_pos).numpy()
@@ -142,6 +142,60 @@ def test_a_prefill_of_a_new_length_compiles_nothing(tiny):
     np.testing.assert_allclose(tiny(seq[n:n+1], n).numpy(), full[n:n+1], atol=tolerance() * np.abs(full).max())
   assert len(to_program_cache) == compiled, "a prefill of a new length compiled a kernel"
 
+def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
+
+@pytest.mark.backend
+@pytest.mark.parametrize("T", [1, 2, 3, 5, 9, 16])
+def test_lanes_kernel_computes_the_matmul(T):
+  """The lanes kernel is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x 8), in the
+  suite's dtype: inputs in it, float32 inside, the result in the output dtype."""
+  rng = np.random.default_rng(T)
+  for N, C in ((96, 32), (64, 64), (256, 128)):
+    x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
+    expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
+    for out in (None, dtypes.float32):
+      got = linear.linear(x, w, out, lanes=True)
+      assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
+      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance()
+    assert f"lanes_{T}_{N}_{C}" in lanes_programs()
+  assert not linear.fits(17, 96, 32) and not linear.fits(1, 98, 32) and not linear.fits(1, 96, 48)
+
+def test_choose_measures_once_per_machine(monkeypatch):
+  """choose() times both kernels on the weights given, keeps the faster, and asks tinygrad's disk cache first: a second
+  process (an empty use_lanes) measures nothing. Shapes the lanes kernel does not fit are never measured."""
+  disk, timed = {}, []
+  monkeypatch.setattr(linear, "use_lanes", {})
+  monkeypatch.setattr(linear, "diskcache_get", lambda table, key: disk.get((table, key)))
+  monkeypatch.setattr(linear, "diskcache_put", lambda table, key, val: disk.setdefault((table, key), val))
+  monkeypatch.setattr(linear, "seconds", lambda x, weights, lanes: timed.append((x.shape, lanes)) or (1.0 if lanes else 2.0))
+  weights = [Tensor.empty(64, 32) for _ in range(3)]
+  assert linear.choose(3, weights, dtypes.float32) is True and timed == [((3, 32), True), ((3, 32), False)]
+  assert linear.use_lanes == {(3, 64, 32, dtypes.float32, dtypes.float32): True}
+  monkeypatch.setattr(linear, "use_lanes", {})
+  assert linear.choose(3, weights, dtypes.float32) is True and len(timed) == 2, "measured again"
+  assert linear.choose(3, [Tensor.empty(66, 32)], dtypes.float32) is False and len(timed) == 2
+  monkeypatch.setattr(linear, "seconds", lambda x, weights, lanes: 2.0 if lanes else 1.0)
+  assert linear.choose(5, weights, dtypes.float32) is False and linear.use_lanes[(5, 64, 32, dtypes.float32, dtypes.float32)] is False
+
+@pytest.mark.backend
+def test_a_model_on_lanes_kernels(tiny_dir, monkeypatch):
+  """Where choose() picks the lanes kernel, every linear layer and the lm_head of a pass run it: the logits of a plain
+  forward and of captured steps (a decode and a 5-token verify pass) are the numpy GPT-2's."""
+  class Everywhere(dict):
+    def get(self, key, default=None): return linear.fits(*key[:3])
+  monkeypatch.setattr(linear, "use_lanes", Everywhere())
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")                       # steps captured here, none loaded
+  weights = random_weights(TINY, seed=1)
+  model = load(tiny_dir / "target")
+  seq = [int(t) for t in np.random.default_rng(9).integers(0, 64, 11)]
+  expected = np_gpt2_logits(weights, TINY["n_head"], seq)
+  assert_close(logits(model, seq[:5]), expected[:5])
+  model.prefill(seq[:5])
+  five = [model(seq[5:10], 5).numpy() for _ in range(2)][-1]
+  one = [model(seq[10:], 10).numpy() for _ in range(2)][-1]
+  assert_close(np.concatenate([five, one]), expected[5:])
+  assert {"lanes_5_96_32", "lanes_1_32_32", "lanes_1_128_32", "lanes_5_32_128", "lanes_1_64_32"} <= lanes_programs()
+
 def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
   """search > 0: step passes (at most SEARCHED_WIDTH tokens) run kernels from tinygrad's BEAM search (which caches its
   result on disk: a machine searches a kernel once), a prefill tinygrad's default ones; the logits do not change."""
@@ -157,6 +211,8 @@ def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
   assert searched_widths and set(searched_widths) == {1}
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]      # searched kernels run 2 tokens 2 wide, unpadded
   assert ("forward_padded", 2, ("width", 2)) in searched.jits
+  # and which kernels run the linear layers was measured for their widths (models/linear.py), once per machine
+  assert {(T, N, C) for T, N, C, *_ in linear.use_lanes} >= {(T, 96, 32) for T in (1, 2)} | {(1, 64, 32), (1, 32, 128)}
   plain.prefill(seq[:-1])
   expected = plain(seq[-2:], len(seq) - 2).numpy()
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),

@@ -1,0 +1,77 @@
+"""The linear layers of a step pass, and the lanes kernel that computes a few rows of them at the cost of one.
+
+A step pass multiplies T <= 16 rows by every weight matrix: memory-bound when T is 1 (each weight is read once), and it
+should stay so for the K+1 rows of a verify pass. tinygrad's own kernels for a few rows, heuristic or searched, read a
+weight once per row or run out of registers on the CPU (a 5-row pass of gpt2-xl cost 3x its decode). lanes_kernel
+holds every row, 8 lanes and 4 outputs in registers while the weights stream past once. Whether it is faster than
+tinygrad's kernel is measured, per shape, width and dtype, on the model's own weights and the device at hand
+(choose()), and cached on disk; nothing names a device.
+"""
+from __future__ import annotations
+import hashlib, importlib.metadata, math, time
+from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes
+from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad.helpers import diskcache_get, diskcache_put
+from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+
+LANES = 8   # partial sums per output: the weights load 8 consecutive floats at a time
+# (T, N, C, x dtype, weight dtype) -> run the lanes kernel: what choose() measured on this device. One table for the
+# process: a pass of these shapes runs the faster kernel whichever model it belongs to (a model loaded with search 0
+# measures nothing and, alone in its process, runs tinygrad's kernels)
+use_lanes: dict[tuple, bool] = {}
+
+def lanes_kernel(out:UOp, x:UOp, w:UOp) -> UOp:
+  """out[t, n, l] = sum_g x[t, g*LANES + l] * w[n, g*LANES + l], float32; x (T, C), w (N, C), out (T, N, LANES).
+  Rows come in chunks of at most 8 (a chunk's weights are read again from the cache), and the kernel options are fixed:
+  4 outputs and 4 groups at a time (tinygrad's search caps a kernel's registers below this)."""
+  (T, N, _), G = out.shape, x.shape[1] // LANES
+  chunk = max(c for c in range(1, 9) if T % c == 0)
+  n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
+  ti, lane, g = UOp.range(chunk, 2, AxisType.UPCAST), UOp.range(LANES, 3, AxisType.UPCAST), UOp.range(G, 4, AxisType.REDUCE)
+  t, k = tc * chunk + ti, g * LANES + lane
+  acc = (x[t, k].cast(dtypes.float32) * w[n, k].cast(dtypes.float32)).reduce(g, arg=Ops.ADD)
+  opts = (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4))
+  return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=KernelInfo(name=f"lanes_{T}_{N}_{x.shape[1]}", opts_to_apply=opts))
+
+def fits(T:int, N:int, C:int) -> bool: return T <= 16 and N % 4 == 0 and C % (4 * LANES) == 0
+
+def linear(x:Tensor, w:Tensor, dtype=None, lanes:bool|None=None) -> Tensor:
+  """x (..., C) @ w (N, C).T, in dtype (default x's), accumulated in float32. lanes: the lanes kernel or tinygrad's
+  matmul; None: as choose() measured for this width and shape (tinygrad's matmul if it never did)."""
+  *B, C = x.shape
+  T, N = math.prod(B), w.shape[0]
+  if lanes is None: lanes = use_lanes.get((T, N, C, x.dtype, w.dtype), False)
+  if not lanes: return x.matmul(w.T, dtype=dtype)
+  part = Tensor.empty(T, N, LANES, dtype=dtypes.float32, device=x.device).custom_kernel(x.reshape(T, C), w, fxn=lanes_kernel)[0]
+  return part.sum(-1).cast(dtype or x.dtype).reshape(*B, N)
+
+class Linear:
+  """y = x w^T + b, w (out, in): nn.Linear's layout and state names, computed by linear()."""
+  def __init__(self, n_in:int, n_out:int): self.weight, self.bias = Tensor.empty(n_out, n_in), Tensor.zeros(n_out)
+  def __call__(self, x:Tensor) -> Tensor: return linear(x, self.weight) + self.bias
+
+def choose(T:int, weights:list[Tensor], x_dtype) -> bool:
+  """Whether T rows times these same-shape weights run faster as the lanes kernel than as tinygrad's matmul with its
+  default kernels: both timed over all of them in turn (the regime of a pass: the weights stream from memory), best of
+  3. Cached in tinygrad's disk cache by device, compiler target, tinygrad version and shapes: once per machine."""
+  N, C = weights[0].shape
+  key = (T, N, C, x_dtype, weights[0].dtype)
+  if key in use_lanes: return use_lanes[key]
+  if not fits(T, N, C): use_lanes[key] = False; return False
+  name = repr((importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, key))
+  disk = hashlib.sha256(name.encode()).hexdigest()
+  if (faster := diskcache_get("spec_lanes", disk)) is None:
+    x = Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
+    faster = diskcache_put("spec_lanes", disk, seconds(x, weights, True) < seconds(x, weights, False))
+  use_lanes[key] = faster
+  return faster
+
+def seconds(x:Tensor, weights:list[Tensor], lanes:bool) -> float:
+  step = TinyJit(lambda x: [linear(x, w, dtypes.float32, lanes).realize() for w in weights])
+  with Context(BEAM=0):
+    for _ in range(2): step(x)                    # a TinyJit captures on its second call
+  def once() -> float:
+    Device[Device.DEFAULT].synchronize(); t0 = time.perf_counter()
+    step(x); Device[Device.DEFAULT].synchronize()
+    return time.perf_counter() - t0
+  return min(once() for _ in range(3))
