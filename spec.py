@@ -308,18 +308,17 @@ class Verifier:
     self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    step = self.step(block.shape[1], start_pos, p is None)
+    step = self.step(block.shape[1], p is None)
     return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
-  def step(self, T:int, start_pos:int, one_hot:bool):
-    return self.target.jit(target_verify, T, width=self.target.width(T, start_pos), one_hot=one_hot, **self.static)
+  def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
   def warm(self, K:int, one_hot:bool) -> bool:  # a one-hot draft also has rounds without a proposal
-    return all(self.step(k + 1, 0, one_hot).warm for k in ((0, K) if one_hot else (K,)))
+    return all(self.step(k + 1, one_hot).warm for k in ((0, K) if one_hot else (K,)))
 
-def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p, *,
-                  width:int, **static) -> Tensor:
-  """Steps 2 and 3 in one JIT call: the target's pass over block (at `width`, GPT2.width()), then verify(). One call, not
-  the model's own forward step and then verify(): that step copies its input, and scheduling the copy took 1.7 ms."""
-  return verify(target.forward_padded(block, start_pos, width), p, block, key, nonce, temperature, top_k, top_p, **static)
+def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p,
+                  **static) -> Tensor:
+  """Steps 2 and 3 in one JIT call: the target's pass over block, then verify(). One call, not the model's own forward
+  step and then verify(): that step copies its input, and scheduling the copy took 1.7 ms."""
+  return verify(target.forward(block, start_pos), p, block, key, nonce, temperature, top_k, top_p, **static)
 
 def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:bool) -> dict[int, float]:
   """Run the JIT-compiled steps of every K until each has run twice, before the prefill, at positions 0 and 1, so that
@@ -475,9 +474,9 @@ def parse_args(argv=None):
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations and "
                   "KV cache (logits and sampling are float32); auto: float16 where the device computes in half natively (GPUs: "
                   "half the bytes per pass), else float32")
-  ap.add_argument("--search", type=int, default=1, metavar="N", help="choose the kernels of the draft's and target's "
-                  "passes by tinygrad's BEAM search of width N (the first run on a machine searches: about 3.5 min for "
-                  "gpt2-xl with gpt2 on a 2-core CPU; tinygrad caches the result); 0: tinygrad's default kernels, no search")
+  ap.add_argument("--search", type=int, default=0, metavar="N", help="search the kernels of the draft's and target's "
+                  "steps by tinygrad's BEAM search of width N, once per machine (tinygrad caches the result); 0: tinygrad's "
+                  "default kernels. Either way each step's linear layers run the kernels measured fastest on this machine")
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
   return ap.parse_args(argv)
 

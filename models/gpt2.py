@@ -98,19 +98,17 @@ class GPT2:
     # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
     self.jits: dict[tuple, Step] = {}
 
-  def beam(self, T:int, search:bool=True) -> int:
-    """The kernel search width for a pass of T tokens: self.search for the steps of a generation (at most SEARCHED_WIDTH
-    tokens), 0 (tinygrad's default kernels) for a prefill (search=False), which runs once per prompt."""
-    return self.search if search and T <= SEARCHED_WIDTH else 0
-
-  def jit(self, fn, T:int, search:bool=True, **static) -> Step:
-    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them), its
-    kernels searched as beam(T, search) says, and stored for later processes (step_file)."""
-    key = (fn.__name__, T, *sorted(static.items())) + (() if search else ("prefill",))
+  def jit(self, fn, T:int, step:bool=True, **static) -> Step:
+    """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them), and
+    stored for later processes (step_file). A step of a generation (step, at most STEP_WIDTH tokens) has the kernels of its
+    linear layers chosen by measurement first (choose_kernels), and its kernels searched when self.search > 0; a prefill
+    pass (step=False) runs once per prompt, on tinygrad's default kernels."""
+    key = (fn.__name__, T, *sorted(static.items())) + (() if step else ("prefill",))
     if key not in self.jits:
-      if self.beam(T, search): self.choose_kernels({1, T})   # a draft's step runs T tokens, then one at a time
+      step = step and T <= STEP_WIDTH
+      if step: self.choose_kernels({1, T})   # a draft's step runs T tokens, then one at a time
       what = f"{fn.__name__} of {T} token{'s' * (T > 1)} ({self.cfg.n_layer} layers x {self.cfg.n_embd})"
-      self.jits[key] = Step(functools.partial(fn, **static), self.beam(T, search), what, self, step_file(self, fn, key))
+      self.jits[key] = Step(functools.partial(fn, **static), self.search if step else 0, what, self, step_file(self, fn, key))
     return self.jits[key]
 
   def choose_kernels(self, widths) -> None:
@@ -137,43 +135,28 @@ class GPT2:
     logits = linear(self.ln_f(x)[0], self.wte.weight, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
     return logits[:, :self.cfg.vocab_size].contiguous()                                        # (T, vocab)
 
-  def __call__(self, tokens:Tensor|list[int], start_pos:int, search:bool=True) -> Tensor:
-    """JIT-compiled forward of tokens (1, T) or a list: after the first call of a width nothing compiles again, whatever
-    start_pos is. With tinygrad's default kernels T tokens run as a pass of padded_width(T) (repeating the last token)
-    when the context has room: the extra rows' logits are dropped, and the cache entries they write lie past the T
-    tokens, so they are overwritten before anything reads them. Searched kernels (search, GPT2.jit) run any width as it is."""
+  def __call__(self, tokens:Tensor|list[int], start_pos:int, step:bool=True) -> Tensor:
+    """JIT-compiled forward of tokens (1, T) or a list (GPT2.jit): after the first call of a width nothing compiles again,
+    whatever start_pos is."""
     if isinstance(tokens, list): tokens = device_tokens(tokens)
     T = tokens.shape[1]
     if not 0 <= start_pos <= self.cfg.n_positions - T:
       raise ValueError(f"positions {start_pos}..{start_pos+T-1} are outside the model's context of {self.cfg.n_positions}")
-    step = self.jit(self.forward_padded, T, search, width=self.width(T, start_pos, search))
     # a fresh buffer: one input layout, whoever made tokens (uncopied, a step captured on one JIT's output buffer read
     # that buffer when later given another's)
-    return step(tokens.clone(), self.positions.bind(start_pos))
-
-  def width(self, T:int, start_pos:int, search:bool=True) -> int:
-    """The width a T-token pass at start_pos runs at (forward_padded): T with searched kernels, padded_width(T) with
-    tinygrad's default ones when the context has room."""
-    W = T if self.beam(T, search) else padded_width(T)
-    return W if start_pos + W <= self.cfg.n_positions else T
-
-  def forward_padded(self, tokens:Tensor, start_pos:int|UOp, width:int) -> Tensor:
-    """forward() at `width` >= T positions, repeating the last token; the logits (T, vocab) of the T real ones."""
-    T = tokens.shape[1]
-    if width == T: return self.forward(tokens, start_pos)
-    return self.forward(tokens.cat(tokens[:, -1:].expand(1, width - T), dim=1), start_pos)[:T].contiguous()
+    return self.jit(self.forward, T, step)(tokens.clone(), self.positions.bind(start_pos))
 
   def prefill(self, tokens:list[int]) -> None:
     """Fill the cache with tokens at positions 0..len-1, in passes of PREFILL_WIDTH tokens, then of power-of-two widths
     (100 tokens: 64, 32, 4): a prompt of any length runs the same few compiled passes, stored like the steps, so a new
-    length compiles nothing. tinygrad's default kernels, not searched: a first run would search every width."""
+    length compiles nothing. tinygrad's default kernels, never searched: a first run would search every width."""
     start = 0
     while start < len(tokens):
       T = min(PREFILL_WIDTH, 1 << (len(tokens) - start).bit_length() - 1)
-      self(Tensor([tokens[start:start+T]], dtype=dtypes.int32), start, search=False).realize()
+      self(Tensor([tokens[start:start+T]], dtype=dtypes.int32), start, step=False).realize()
       start += T
 
-SEARCHED_WIDTH = 16
+STEP_WIDTH = 16   # the widest step pass: K+1 tokens for K up to 15
 # the widest prefill pass: wider ones were barely faster (gpt2, 1000 tokens on the CPU: passes up to 512 wide 23.3 s, 64
 # wide 25.9 s), but once captured they hold their large intermediate buffers (1.9 GB against 1.0), and a first use
 # runs each new width twice (70.7 s against 38.2)
@@ -262,13 +245,6 @@ def device_tokens(tokens:list[int]) -> Tensor:
     _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
   zeros, build = _token_writers[w]
   return build(zeros, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
-
-def padded_width(T:int) -> int:
-  """The width a T-token pass runs at with tinygrad's default kernels. Their heuristics split a matmul's row axis by 4 or 3 only, so a
-  pass of 5 rows reads every weight 5 times and one of 8 rows twice: round up to a multiple of 4, unless T already is a
-  multiple of 3 (measured on the CPU backend in tests/benchmark.py: widths 2, 3, 5 run faster padded to 4, 4, 8). A
-  kernel search finds kernels for the width itself, which beat padding (gpt2, width 2: 52 ms, padded to 4: 74 ms)."""
-  return T if T == 1 or (T % 3 == 0 and T > 3) else -(-T // 4) * 4
 
 # ***** loading *****
 

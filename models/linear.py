@@ -33,7 +33,7 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp) -> UOp:
   opts = (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=KernelInfo(name=f"lanes_{T}_{N}_{x.shape[1]}", opts_to_apply=opts))
 
-def fits(T:int, N:int, C:int) -> bool: return T <= 16 and N % 4 == 0 and C % (4 * LANES) == 0
+def fits(N:int, C:int) -> bool: return N % 4 == 0 and C % (4 * LANES) == 0   # 4 outputs, 4 groups of LANES at a time
 
 def linear(x:Tensor, w:Tensor, dtype=None, lanes:bool|None=None) -> Tensor:
   """x (..., C) @ w (N, C).T, in dtype (default x's), accumulated in float32. lanes: the lanes kernel or tinygrad's
@@ -57,7 +57,7 @@ def choose(T:int, weights:list[Tensor], x_dtype) -> bool:
   N, C = weights[0].shape
   key = (T, N, C, x_dtype, weights[0].dtype)
   if key in use_lanes: return use_lanes[key]
-  if not fits(T, N, C): use_lanes[key] = False; return False
+  if not fits(N, C): use_lanes[key] = False; return False
   name = repr((importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, key))
   disk = hashlib.sha256(name.encode()).hexdigest()
   if (faster := diskcache_get("spec_lanes", disk)) is None:

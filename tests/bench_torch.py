@@ -4,12 +4,12 @@ process on the same machine (ratios from one run). Not a dependency of spec.py o
 
   pip install torch==2.13.0 transformers
   python tests/bench_torch.py                 # forward passes (gpt2-xl, gpt2, the shared pair) and generation on the pair
-  python tests/bench_torch.py --passes gpt2,docs   # skip gpt2-xl (random weights, 7.5 GB of memory, minutes of search)
+  python tests/bench_torch.py --passes gpt2,docs   # skip gpt2-xl (random weights, 7.5 GB of memory)
   python tests/bench_torch.py --passes gpt2-xl -n 0   # its passes only, no generation runs
 
 Forward passes: one pass of w tokens after a KV cache of 100 tokens (a decode for w = 1), best of 5, float32, both on
 all cores (torch.set_num_threads(os.cpu_count())). Generation: the shared pair on a dozen English prompts, 64 new
-tokens each, greedy; spec with default flags (K 2, block verification, searched kernels) against transformers' plain
+tokens each, greedy; spec with default flags against transformers' plain
 and assisted generation (assistant_model=the draft, its default settings), both after a warm-up generation.
 """
 import argparse, os, pathlib, sys, time
@@ -50,7 +50,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--passes", default="gpt2-xl,gpt2,docs", help="comma-separated: gpt2-xl, gpt2 (their shapes, random weights), docs")
   ap.add_argument("-n", type=int, default=64, help="new tokens per prompt in the generation runs; 0: the passes only")
-  ap.add_argument("--search", type=int, default=1, help="spec's kernel search (spec.py --search)")
+  ap.add_argument("--search", type=int, default=0, help="spec's kernel search (spec.py --search)")
   args = ap.parse_args()
   torch.set_num_threads(os.cpu_count())
   print(f"# spec vs PyTorch {torch.__version__} (transformers), {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")

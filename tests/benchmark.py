@@ -5,7 +5,7 @@
                                        # prompt lookup on docs-target with repetitive prompts
   python tests/benchmark.py --quick    # fewer tokens, a smoke run
   python tests/benchmark.py --pairs docs --json results.json
-  python tests/benchmark.py --search 0 # tinygrad's default kernels instead of searched ones (spec.py --search)
+  python tests/benchmark.py --search 1 # kernels from tinygrad's BEAM search (spec.py --search; minutes the first time)
 
 For each pair and temperature: t_target and t_draft (one-token decodes), t_verify(K+1) (one target pass of width
 K+1), alpha, tokens per round, and the wall times of the autoregressive baseline and of speculative sampling on
@@ -70,7 +70,7 @@ def forward_time(model:models.GPT2, width:int, reps:int=5, pos:int=100) -> float
   warm-up: the model's step itself, as the rounds call it, not GPT2.__call__, whose copy of its input tokens is
   scheduled anew on every call (1.7 ms on the shared pair's target)."""
   x = Tensor([[models.EOT] * width], dtype=dtypes.int32).realize()
-  step = model.jit(model.forward_padded, width, width=model.width(width, pos))
+  step = model.jit(model.forward, width)
   run = lambda: step(x, model.positions.bind(pos))
   for _ in range(2): run()
   return spec.best_seconds(run, reps)
@@ -163,8 +163,9 @@ def main():
   ap.add_argument("--quick", action="store_true", help="a smoke run: few tokens and repetitions")
   ap.add_argument("--json", metavar="FILE", help="also write every figure to this file")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the models (as spec.py --dtype)")
-  ap.add_argument("--search", type=int, default=1, metavar="N", help="kernels from tinygrad's BEAM search of width N, as "
-                  "spec.py --search (minutes the first time on a machine, then cached); 0: tinygrad's default kernels")
+  ap.add_argument("--search", type=int, default=0, metavar="N", help="kernels from tinygrad's BEAM search of width N, as "
+                  "spec.py --search (minutes the first time on a machine, then cached); 0: tinygrad's default kernels (the "
+                  "linear layers' kernels are measured either way)")
   args = ap.parse_args()
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
   enc = models.tokenizer()

@@ -37,7 +37,7 @@ def test_padded_lm_head(tmp_path):
   out = logits(model, tokens)
   assert out.shape == (20, 50)
   assert_close(out, np_gpt2_logits(weights, TINY["n_head"], tokens))
-  assert_close(model(Tensor([tokens[:5]], dtype=dtypes.int32), 0).numpy(), out[:5])  # the JIT-compiled, padded-width path
+  assert_close(model(Tensor([tokens[:5]], dtype=dtypes.int32), 0).numpy(), out[:5])  # the JIT-compiled path
 
 @pytest.mark.backend
 def test_loaded_weights_are_buffers_in_the_models_layout(tmp_path):
@@ -91,25 +91,6 @@ def test_verify_pass_equals_single_steps(tiny, K):
   np.testing.assert_allclose(verify, steps, atol=tolerance() * np.abs(steps).max())
 
 @pytest.mark.backend
-def test_padded_passes_leave_nothing_stale_and_fit_the_context(tiny):
-  from models.gpt2 import padded_width
-  assert [padded_width(T) for T in range(1, 10)] == [1, 4, 4, 4, 8, 6, 8, 8, 9]
-  rng = np.random.default_rng(5)
-  tokens = [int(t) for t in rng.integers(0, 64, 12)]
-  full = logits(tiny, tokens)
-  tiny.prefill(tokens[:5])
-  # a 2-token pass runs 4 wide: positions 7, 8 get entries of the repeated last token, which the next calls overwrite
-  two = tiny(Tensor([tokens[5:7]], dtype=dtypes.int32), 5).numpy()
-  rest = [tiny(Tensor([[t]], dtype=dtypes.int32), i).numpy()[0] for i, t in enumerate(tokens[7:], start=7)]
-  np.testing.assert_allclose(np.concatenate([two, np.stack(rest)]), full[5:], atol=tolerance() * np.abs(full).max())
-  # at the end of the context there is no room to pad: the pass runs at its own width
-  n = TINY["n_positions"]
-  seq = [int(t) for t in rng.integers(0, 64, n)]
-  tiny.prefill(seq[:-2])
-  np.testing.assert_allclose(tiny(Tensor([seq[-2:]], dtype=dtypes.int32), n - 2).numpy(), logits(tiny, seq)[-2:],
-                             atol=tolerance() * np.abs(full).max())
-
-@pytest.mark.backend
 def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   a, b = load(tiny_dir / "target"), load(tiny_dir / "other")
   toks = lambda n: Tensor([[3] * n], dtype=dtypes.int32)
@@ -126,7 +107,7 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   np.testing.assert_allclose(la, logits(a, seq)[-1:], atol=tolerance() * np.abs(la).max())
   np.testing.assert_allclose(lb, logits(b, seq)[-1:], atol=tolerance() * np.abs(lb).max())
   assert not np.allclose(la, lb)
-  decode = ("forward_padded", 1, ("width", 1))
+  decode = ("forward", 1)
   assert a.jits is not b.jits and a.jits[decode] is not b.jits[decode]
 
 @pytest.mark.backend
@@ -158,7 +139,7 @@ def test_lanes_kernel_computes_the_matmul(T):
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance()
     assert f"lanes_{T}_{N}_{C}" in lanes_programs()
-  assert not linear.fits(17, 96, 32) and not linear.fits(1, 98, 32) and not linear.fits(1, 96, 48)
+  assert not linear.fits(98, 32) and not linear.fits(96, 48)
 
 def test_choose_measures_once_per_machine(monkeypatch):
   """choose() times both kernels on the weights given, keeps the faster, and asks tinygrad's disk cache first: a second
@@ -182,7 +163,7 @@ def test_a_model_on_lanes_kernels(tiny_dir, monkeypatch):
   """Where choose() picks the lanes kernel, every linear layer and the lm_head of a pass run it: the logits of a plain
   forward and of captured steps (a decode and a 5-token verify pass) are the numpy GPT-2's."""
   class Everywhere(dict):
-    def get(self, key, default=None): return linear.fits(*key[:3])
+    def get(self, key, default=None): return linear.fits(*key[1:3])
   monkeypatch.setattr(linear, "use_lanes", Everywhere())
   monkeypatch.setenv("SPEC_STEP_CACHE", "")                       # steps captured here, none loaded
   weights = random_weights(TINY, seed=1)
@@ -196,25 +177,29 @@ def test_a_model_on_lanes_kernels(tiny_dir, monkeypatch):
   assert_close(np.concatenate([five, one]), expected[5:])
   assert {"lanes_5_96_32", "lanes_1_32_32", "lanes_1_128_32", "lanes_5_32_128", "lanes_1_64_32"} <= lanes_programs()
 
-def test_search_chooses_the_kernels_of_step_passes(tiny_dir, monkeypatch):
-  """search > 0: step passes (at most SEARCHED_WIDTH tokens) run kernels from tinygrad's BEAM search (which caches its
-  result on disk: a machine searches a kernel once), a prefill tinygrad's default ones; the logits do not change."""
+def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
+  """Every step pass (at most STEP_WIDTH tokens) has its linear layers' kernels chosen by measurement (models/linear.py)
+  for its width and for one token, whatever the search; with search > 0 its other kernels come from tinygrad's BEAM
+  search (which caches its result on disk: a machine searches a kernel once). A prefill chooses and searches nothing.
+  The logits do not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
-  searched_widths, beam_search = [], tinygrad_search.beam_search
-  monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: searched_widths.append(a[3]) or beam_search(*a, **kw))
+  beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
+  monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
+  monkeypatch.setattr(linear, "use_lanes", {})
   plain, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  assert searched_widths == [], "a prefill searched"
-  assert searched.jit(searched.forward_padded, models.gpt2.SEARCHED_WIDTH + 1, width=models.gpt2.SEARCHED_WIDTH + 1).search == 0
+  assert beams == [] and linear.use_lanes == {}, "a prefill searched or chose"
+  assert searched.jit(searched.forward, gpt2.STEP_WIDTH + 1).search == 0 and linear.use_lanes == {}
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
-  assert searched_widths and set(searched_widths) == {1}
-  two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]      # searched kernels run 2 tokens 2 wide, unpadded
-  assert ("forward_padded", 2, ("width", 2)) in searched.jits
-  # and which kernels run the linear layers was measured for their widths (models/linear.py), once per machine
-  assert {(T, N, C) for T, N, C, *_ in linear.use_lanes} >= {(T, 96, 32) for T in (1, 2)} | {(1, 64, 32), (1, 32, 128)}
+  assert beams and set(beams) == {1}
+  assert {(T, N, C) for T, N, C, *_ in linear.use_lanes} == {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
   plain.prefill(seq[:-1])
+  beams.clear()
   expected = plain(seq[-2:], len(seq) - 2).numpy()
+  assert beams == [] and {T for T, *_ in linear.use_lanes} == {1, 2}, "search 0 searched, or did not choose"
+  two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]
+  assert beams and set(beams) == {1}
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),
                              atol=tolerance() * np.abs(expected).max())
 
@@ -228,8 +213,8 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
   def decode(model):  # a prefill's pass of 8 tokens, then a one-token step, each captured on its first call
     model.prefill(seq[:-1])
     return [model(seq[-1:], len(seq) - 1).numpy() for _ in range(3)][-1]
-  step = lambda model: model.jit(model.forward_padded, 1, width=1)
-  prefill = lambda model: model.jit(model.forward_padded, 8, search=False, width=8)
+  step = lambda model: model.jit(model.forward, 1)
+  prefill = lambda model: model.jit(model.forward, 8, step=False)
   captured = decode(load(tiny_dir / "target"))
   stored = sorted((tmp_path / "steps").iterdir())
   assert [f.suffix for f in stored] == [".pkl", ".pkl"], "the step and the prefill's pass"
