@@ -227,7 +227,7 @@ class AcceptanceEstimate:
 
 # ***** the round loop *****
 
-def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=2, max_new_tokens:int=256,
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4, max_new_tokens:int=256,
                          sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None,
                          verification:str="block") -> tuple[list[int], Stats]:
   """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
@@ -457,7 +457,7 @@ def parse_args(argv=None):
                   "what followed the latest earlier occurrence of the context's last tokens (prompt lookup)")
   ap.add_argument("--ngram-max", type=int, default=3, help="--draft ngram: the longest suffix to look up")
   ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
-  ap.add_argument("-K", "--lookahead", type=lookahead, default=2, help="tokens the draft proposes per round; 'auto' "
+  ap.add_argument("-K", "--lookahead", type=lookahead, default=4, help="tokens the draft proposes per round; 'auto' "
                   f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the running acceptance")
   ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
                   "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. 2023). "
