@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse, codecs, json, math, os, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, UOp, Device, dtypes
+from tinygrad import Tensor, UOp, dtypes
 import models
 from models import EOT, GPT2, device_tokens
+from models.linear import best_seconds, synchronize   # timing: the device synchronized around the call
 
 # ***** the algorithm: distributions, proposal and verification, as functions on the device *****
 
@@ -345,13 +346,6 @@ def time_target_decode(verifier:Verifier, token:int) -> float:
     while not verifier.warm(0, one_hot=True): decode()
     _decode_seconds[verifier.target] = best_seconds(decode, 3)
   return _decode_seconds[verifier.target]
-
-def best_seconds(fn, reps:int=3) -> float:
-  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
-  def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
-  return min(once() for _ in range(reps))
-
-def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
 def read(t:Tensor, stats:Stats) -> list: stats.host_syncs += 1; return t.tolist()   # the round's one host read
 

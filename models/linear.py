@@ -16,8 +16,7 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
 LANES = 8   # partial sums per output: the weights load 8 consecutive floats at a time
 # (T, N, C, x dtype, weight dtype) -> run the lanes kernel: what choose() measured on this device. One table for the
-# process: a pass of these shapes runs the faster kernel whichever model it belongs to (a model loaded with search 0
-# measures nothing and, alone in its process, runs tinygrad's kernels)
+# process: a pass of these shapes runs the faster kernel whichever model it belongs to
 use_lanes: dict[tuple, bool] = {}
 
 def lanes_kernel(out:UOp, x:UOp, w:UOp) -> UOp:
@@ -70,8 +69,11 @@ def seconds(x:Tensor, weights:list[Tensor], lanes:bool) -> float:
   step = TinyJit(lambda x: [linear(x, w, dtypes.float32, lanes).realize() for w in weights])
   with Context(BEAM=0):
     for _ in range(2): step(x)                    # a TinyJit captures on its second call
-  def once() -> float:
-    Device[Device.DEFAULT].synchronize(); t0 = time.perf_counter()
-    step(x); Device[Device.DEFAULT].synchronize()
-    return time.perf_counter() - t0
-  return min(once() for _ in range(3))
+  return best_seconds(lambda: step(x))
+
+def best_seconds(fn, reps:int=3) -> float:
+  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
+  def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
+  return min(once() for _ in range(reps))
+
+def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
