@@ -31,6 +31,7 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.codegen import to_program_cache
 from tinygrad.nn.state import get_state_dict
 import models, spec
+from models.linear import best_seconds
 from spec import Sampling, autoregressive_generate, speculative_generate
 
 PROMPTS = ["The Python interpreter", "A dictionary is", "To install a package"]
@@ -54,7 +55,7 @@ def bandwidth(nbytes:int=1 << 30, reps:int=5) -> dict[str, float]:
   a, v = Tensor.ones(n, n, dtype=dtypes.float32).contiguous().realize(), Tensor.ones(n, dtype=dtypes.float32).contiguous().realize()
   matvec = TinyJit(lambda a, v: (a @ v).realize())
   for _ in range(2): matvec(a, v)
-  measured = {"tinygrad matvec": nbytes / spec.best_seconds(lambda: matvec(a, v), reps)}
+  measured = {"tinygrad matvec": nbytes / best_seconds(lambda: matvec(a, v), reps)}
   del a, v, matvec
   blas = "import numpy as np, time; a, v = np.ones((%d, %d), np.float32), np.ones(%d, np.float32); t = []\n" \
          "for _ in range(%d): t0 = time.perf_counter(); a @ v; t.append(time.perf_counter() - t0)\nprint(min(t))" % (n, n, n, reps)
@@ -72,7 +73,7 @@ def forward_time(model:models.GPT2, width:int, reps:int=5, pos:int=100) -> float
   step = model.jit(model.forward, width)
   run = lambda: step(x, model.positions.bind(pos))
   for _ in range(2): run()
-  return spec.best_seconds(run, reps)
+  return best_seconds(run, reps)
 
 def sizes(model:models.GPT2) -> tuple[int, int]:
   """(weight bytes, KV-cache bytes) as allocated."""
