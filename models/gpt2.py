@@ -10,7 +10,7 @@ import contextlib, functools, hashlib, importlib.metadata, inspect, json, math, 
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
-from models import hub
+from models import hub, replay
 from models.linear import Linear, choose, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
@@ -97,6 +97,7 @@ class GPT2:
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
     # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
     self.jits: dict[tuple, Step] = {}
+    replay.install(Device.DEFAULT)   # captured steps replay their kernels without tinygrad's per-kernel dispatch
 
   def jit(self, fn, T:int, step:bool=True, **static) -> Step:
     """fn JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes them), and
@@ -213,10 +214,11 @@ class _StateUnpickler(pickle.Unpickler):
 def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),
   and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file, of
-  models/linear.py and of fn's, tinygrad's version, device and settings, the model's shape and dtype, the search width and the step's arguments."""
+  models/linear.py, models/replay.py and of fn's, tinygrad's version, device and settings, the model's shape and dtype,
+  the search width and the step's arguments."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   if not root or CACHELEVEL.value == 0: return None
-  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, inspect.getsourcefile(choose), inspect.getsourcefile(fn)})]
+  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, replay.__file__, inspect.getsourcefile(choose), inspect.getsourcefile(fn)})]
   settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
           model.cfg, model.dtype, model.search, key)

@@ -2,12 +2,13 @@
 import json
 import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor, Device, Context, dtypes
+from tinygrad.engine.realize import get_graph_runtime
 from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models
-from models import gpt2, linear
+from models import gpt2, linear, replay
 from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, write_safetensors
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -109,6 +110,24 @@ def test_no_compilation_after_warmup_and_instances_are_independent(tiny_dir):
   assert not np.allclose(la, lb)
   decode = ("forward", 1)
   assert a.jits is not b.jits and a.jits[decode] is not b.jits[decode]
+
+@pytest.mark.backend
+def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir):
+  """A captured step on a device without a graph of its own runs as models/replay.py's batches, and computes what
+  tinygrad's own executor computes (JIT=2: no graph) to the bit, as its input buffer, start position and widths change."""
+  ours, theirs = load(tiny_dir / "target"), load(tiny_dir / "target")
+  seq = [int(t) for t in np.random.default_rng(9).integers(0, 64, 40)]
+  def run(model, jit:int) -> list[np.ndarray]:
+    with Context(JIT=jit):
+      model.prefill(seq[:4])
+      return [model(seq[p:p+w], p).numpy() for p, w in ((4, 1), (5, 5), (10, 1), (11, 3), (14, 1), (30, 5), (35, 1))]
+  expected, got = run(theirs, 2), run(ours, 1)
+  for a, b in zip(got, expected): np.testing.assert_array_equal(a, b)
+  calls = lambda model: [call.src[0] for step in model.jits.values() for call in step.captured.linear.src]
+  graphs = [c for c in calls(ours) if c.op is Ops.CUSTOM_FUNCTION and c.arg == "graph"]
+  assert graphs and not any(c.op is Ops.CUSTOM_FUNCTION for c in calls(theirs))
+  if Device[Device.DEFAULT].graph is replay.Replay:
+    assert all(isinstance(get_graph_runtime(g), replay.Replay) for g in graphs)
 
 @pytest.mark.backend
 def test_a_prefill_of_a_new_length_compiles_nothing(tiny):
