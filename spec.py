@@ -466,8 +466,8 @@ def parse_args(argv=None):
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
   ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, p)")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations and "
-                  "KV cache (logits and sampling are float32); auto: float16 where the device computes in half natively (GPUs: "
-                  "half the bytes per pass), else float32")
+                  "KV cache (logits and sampling are float32); auto: float16 where a pass in half measures clearly faster on "
+                  "the device (GPUs: half the bytes; timed once per machine), else float32")
   ap.add_argument("--search", type=int, default=0, metavar="N", help="search the kernels of the draft's and target's "
                   "steps by tinygrad's BEAM search of width N, once per machine (tinygrad caches the result); 0: tinygrad's "
                   "default kernels. Either way each step's linear layers run the kernels measured fastest on this machine")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
 from models import hub, replay
-from models.linear import Linear, choose, linear
+from models.linear import Linear, choose, half_pays, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
 
@@ -134,7 +134,7 @@ class GPT2:
     # lm_head tied to wte, over padded_vocab rows: tinygrad's heuristics split a matmul's output axis (into registers
     # and threads) only by factors that divide it, and 50257 = 29 x 1733 (unpadded, gpt2-xl's lm_head took 85 ms, padded 36)
     logits = linear(self.ln_f(x)[0], self.wte.weight, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
-    return logits[:, :self.cfg.vocab_size].contiguous()                                        # (T, vocab)
+    return logits[:, :self.cfg.vocab_size]                                                     # (T, vocab)
 
   def __call__(self, tokens:Tensor|list[int], start_pos:int, step:bool=True) -> Tensor:
     """JIT-compiled forward of tokens (1, T) or a list (GPT2.jit): after the first call of a width nothing compiles again,
@@ -268,12 +268,11 @@ def check_device() -> None:
 DTYPES = {"float32": dtypes.float32, "float16": dtypes.float16}
 
 def resolve_dtype(name:str) -> DType:
-  """"auto" is float16 where the device computes in half natively (a GPU: it reads half the bytes per decode), else
-  float32: on the CPU backend every half value is converted to float, and where tinygrad's compiler for the device has no
-  half (an OpenCL driver without cl_khr_fp16, such as pocl on a CPU) tinygrad emulates it (gpt2's decode on pocl: 50.6 ms
-  in float16, 31.0 in float32)."""
-  native_half = dtypes.half in Device[Device.DEFAULT].renderer.supported_dtypes() and Device.DEFAULT.split(":")[0] != "CPU"
-  if name == "auto": name = "float16" if native_half else "float32"
+  """"auto" is float16 where the device computes in half measurably faster than in float32 (a GPU: it reads half the
+  bytes per decode), else float32 (linear.half_pays(): tinygrad's CPU backend converts every half value to float, and
+  tinygrad emulates half where the device's compiler has none, as on pocl: gpt2's decode 50.6 ms in float16, 31.0 in
+  float32)."""
+  if name == "auto": name = "float16" if half_pays() else "float32"
   if name not in DTYPES: raise ValueError(f"dtype must be auto, {' or '.join(DTYPES)}, got {name!r}")
   return DTYPES[name]
 

@@ -4,28 +4,38 @@ a list prepared at capture.
 A TinyJit replays its kernels one by one through tinygrad's general executor, which resolves each kernel's buffers,
 launch sizes and variables again on every call: ~45 us of Python a kernel on the 2-core Xeon (40 chained one-element
 kernels: 49 us each on pocl, 20 on the CPU backend; replayed: 16 and 4). A decode runs ~20 kernels a layer, so small
-models paid more for dispatch than for their kernels (gpt2 decode, CPU backend: 55 -> 47 ms). Devices with a graph of
+models paid more for dispatch than for their kernels (gpt2 decode, CPU backend: 54 -> 47 ms). Devices with a graph of
 their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner interface, filled in for the rest.
 """
 from __future__ import annotations
 import time
 from tinygrad import Device
 from tinygrad.engine.jit import GraphRunner
+from tinygrad.engine.realize import get_call_arg_uops, resolve_params
+from tinygrad.uop.ops import Ops
 
 class Replay(GraphRunner):
   """Every kernel of a batch with its runtime, buffer handles, launch sizes and variable values resolved once; a call
-  updates what changes between calls (the JIT's input buffers, the bound variables, launch sizes that depend on them)."""
+  updates what changes between calls: the buffers of kernels that touch the JIT's inputs (or views of them), the bound
+  variables, and the launch sizes that depend on them."""
   def __init__(self, linear, input_uops=()):
     super().__init__(linear, input_uops)
     self.launches = []
-    for (_, program, bufs, device_vars), runtime in zip(self.calls, self.runtimes):
-      var_vals = {**{v: 0 for v in self.vars}, **device_vars}   # placeholders until a call binds them
-      global_size, local_size = program.arg.launch_dims(var_vals)
-      self.launches.append((runtime, [b.get_buf(b.device) for b in bufs], [global_size, local_size], list(program.arg.vals(var_vals))))
+    for call, runtime in zip(self.linear.src, self.runtimes):
+      var_vals = {v: 0 for v in self.vars}   # placeholders until a call binds them
+      global_size, local_size = call.src[0].arg.launch_dims(var_vals)
+      self.launches.append((runtime, self.buffers(call, input_uops), [global_size, local_size], list(call.src[0].arg.vals(var_vals))))
+    self.with_inputs = [j for j, call in enumerate(self.linear.src)
+                        if any(u.op is Ops.PARAM for arg in get_call_arg_uops(call) for u in arg.toposort())]
+
+  @staticmethod
+  def buffers(call, input_uops) -> list:
+    """The device handles of a kernel's buffers, as tinygrad's executor passes them (exec_kernel)."""
+    args = resolve_params(call, input_uops)
+    return [(b:=args[i].buffer).get_buf(b.device) for i in call.src[0].arg.globals]
 
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
-    for (runtime, bufs, _, _), replace in zip(self.launches, self.uop_replace):
-      for pos, slot in replace: bufs[pos] = (b:=input_uops[slot].buffer).get_buf(b.device)
+    for j in self.with_inputs: self.launches[j][1][:] = self.buffers(self.linear.src[j], input_uops)
     for j, i, value in self.updated_vars(var_vals): self.launches[j][3][i] = value
     for j, global_size, local_size in self.updated_launch_dims(var_vals): self.launches[j][2][:] = global_size, local_size
     t0 = time.perf_counter()

@@ -177,6 +177,35 @@ def test_choose_measures_once_per_machine(monkeypatch):
   monkeypatch.setattr(linear, "seconds", lambda x, weights, lanes: 2.0 if lanes else 1.0)
   assert linear.choose(5, weights, dtypes.float32) is False and linear.use_lanes[(5, 64, 32, dtypes.float32, dtypes.float32)] is False
 
+def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch):
+  """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
+  (timed once per machine, then read from tinygrad's disk cache), float32 where it is not or the device has no half."""
+  disk, timed = {}, []
+  monkeypatch.setattr(linear, "diskcache_get", lambda table, key: disk.get((table, key)))
+  monkeypatch.setattr(linear, "diskcache_put", lambda table, key, val: disk.setdefault((table, key), val))
+  renderer = Device[Device.DEFAULT].renderer
+  monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32, dtypes.half])
+  class Fake:   # what half_pays() builds, without kernels for a half the device may not have
+    def __init__(self, dtype=dtypes.float32): self.dtype = dtype
+    @staticmethod
+    def ones(*shape, dtype=dtypes.float32): return Fake(dtype)
+    def cast(self, dtype): return Fake(dtype)
+    def contiguous(self): return self
+    def realize(self): return self
+  monkeypatch.setattr(linear, "Tensor", Fake)
+  def seconds(cost): return lambda x, weights, lanes: timed.append(lanes) or cost[weights[0].dtype]
+  monkeypatch.setattr(linear, "seconds", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
+  assert gpt2.resolve_dtype("auto") == dtypes.half and timed == [False, False]
+  assert gpt2.resolve_dtype("auto") == dtypes.half and len(timed) == 2, "measured again"
+  assert gpt2.resolve_dtype("float32") == dtypes.float32 and len(timed) == 2
+  disk.clear()
+  monkeypatch.setattr(linear, "seconds", seconds({dtypes.half: 1.0, dtypes.float32: 1.2}))   # faster, not clearly
+  assert gpt2.resolve_dtype("auto") == dtypes.float32
+  disk.clear()
+  monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32])
+  monkeypatch.setattr(linear, "seconds", lambda *a: pytest.fail("measured a dtype the device does not have"))
+  assert gpt2.resolve_dtype("auto") == dtypes.float32
+
 @pytest.mark.backend
 def test_a_model_on_lanes_kernels(tiny_dir, monkeypatch):
   """Where choose() picks the lanes kernel, every linear layer and the lm_head of a pass run it: the logits of a plain
