@@ -63,9 +63,7 @@ def choose(T:int, weights:list[Tensor], x_dtype) -> bool:
   key = (T, N, C, x_dtype, weights[0].dtype)
   if key in use_lanes: return use_lanes[key]
   if not fits(T, N, C): use_lanes[key] = False; return False
-  code = inspect.getsource(lanes_kernel) + inspect.getsource(outputs)   # a changed kernel is measured again
-  name = repr((importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, key, code))
-  disk = hashlib.sha256(name.encode()).hexdigest()
+  disk = machine_key(key, inspect.getsource(lanes_kernel) + inspect.getsource(outputs))   # a changed kernel: measured again
   if (faster := diskcache_get("spec_lanes", disk)) is None:
     x = Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
     faster = diskcache_put("spec_lanes", disk, seconds(x, weights, True) < seconds(x, weights, False))
@@ -78,14 +76,18 @@ def half_pays() -> bool:
   CPU backend) or emulates half (an OpenCL driver without cl_khr_fp16, such as pocl) it does not. 8 weights of 1024 x
   4096 timed in turn, best of 3. Cached in tinygrad's disk cache by device, compiler target and tinygrad version."""
   if dtypes.half not in Device[Device.DEFAULT].renderer.supported_dtypes(): return False
-  name = repr((importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target))
-  disk = hashlib.sha256(name.encode()).hexdigest()
+  disk = machine_key()
   if (pays := diskcache_get("spec_half", disk)) is None:
     weights = [Tensor.ones(1024, 4096).contiguous().realize() for _ in range(8)]
     def cost(dtype) -> float:
       return seconds(Tensor.ones(1, 4096, dtype=dtype).contiguous().realize(), [w.cast(dtype).contiguous().realize() for w in weights], False)
     pays = diskcache_put("spec_half", disk, cost(dtypes.half) * 1.25 < cost(dtypes.float32))
   return pays
+
+def machine_key(*what) -> str:
+  """A disk-cache key for a measurement on this machine: tinygrad's version, the device, its compiler target, and what."""
+  return hashlib.sha256(repr((importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target,
+                              *what)).encode()).hexdigest()
 
 def seconds(x:Tensor, weights:list[Tensor], lanes:bool) -> float:
   step = TinyJit(lambda x: [linear(x, w, dtypes.float32, lanes).realize() for w in weights])

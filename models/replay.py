@@ -20,9 +20,8 @@ class Replay(GraphRunner):
   variables, and the launch sizes that depend on them."""
   def __init__(self, linear, input_uops=()):
     super().__init__(linear, input_uops)
-    self.launches = []
+    self.launches, var_vals = [], {v: 0 for v in self.vars}   # placeholder values until a call binds them
     for call, runtime in zip(self.linear.src, self.runtimes):
-      var_vals = {v: 0 for v in self.vars}   # placeholders until a call binds them
       global_size, local_size = call.src[0].arg.launch_dims(var_vals)
       self.launches.append((runtime, self.buffers(call, input_uops), [global_size, local_size], list(call.src[0].arg.vals(var_vals))))
     self.with_inputs = [j for j, call in enumerate(self.linear.src)
