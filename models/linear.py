@@ -3,7 +3,7 @@
 A step pass multiplies T <= 16 rows by every weight matrix: memory-bound when T is 1 (each weight is read once), and it
 should stay so for the K+1 rows of a verify pass. tinygrad's own kernels for a few rows, heuristic or searched, read a
 weight once per row or run out of registers on the CPU (a 5-row pass of gpt2-xl cost 3x its decode). lanes_kernel
-holds every row, 8 lanes and 4 or 8 outputs in registers while the weights stream past once. Whether it is faster than
+holds every row, 4 lanes and 8 outputs in registers while the weights stream past once. Whether it is faster than
 tinygrad's kernel is measured, per shape, width and dtype, on the model's own weights and the device at hand
 (choose()), and cached on disk; nothing names a device.
 """
@@ -14,7 +14,10 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import diskcache_get, diskcache_put
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
-LANES = 8   # partial sums per output: the weights load 8 consecutive floats at a time
+# partial sums per output, and outputs and groups of LANES at a time. The compilers here (pocl, clang) vectorize a kernel's
+# float4 loads 4 wide, so 8 lanes only held more registers: gpt2-xl's 9-token pass on pocl 540-542 ms, with 8 lanes, 4
+# outputs and 4 groups 563-566 (its decode and 5-token pass, and gpt2's passes, the same within noise)
+LANES, OUTPUTS, GROUPS = 4, 8, 8
 # (T, N, C, x dtype, weight dtype) -> run the lanes kernel: what choose() measured on this device. One table for the
 # process: a pass of these shapes runs the faster kernel whichever model it belongs to
 use_lanes: dict[tuple, bool] = {}
@@ -22,22 +25,18 @@ use_lanes: dict[tuple, bool] = {}
 def lanes_kernel(out:UOp, x:UOp, w:UOp) -> UOp:
   """out[t, n, l] = sum_g x[t, g*LANES + l] * w[n, g*LANES + l], float32; x (T, C), w (N, C), out (T, N, LANES).
   Rows come in chunks (rows()); a chunk's weights are read again from the cache. The kernel options are fixed:
-  outputs(T) outputs and 4 groups at a time (tinygrad's search caps a kernel's registers below this)."""
+  OUTPUTS outputs and GROUPS groups at a time (tinygrad's search caps a kernel's registers below this)."""
   (T, N, _), G = out.shape, x.shape[1] // LANES
   chunk = rows(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
   ti, lane, g = UOp.range(chunk, 2, AxisType.UPCAST), UOp.range(LANES, 3, AxisType.UPCAST), UOp.range(G, 4, AxisType.REDUCE)
   t, k = tc * chunk + ti, g * LANES + lane
   acc = (x[t, k].cast(dtypes.float32) * w[n, k].cast(dtypes.float32)).reduce(g, arg=Ops.ADD)
-  opts = (Opt(OptOps.UPCAST, 0, outputs(T)), Opt(OptOps.UNROLL, 0, 4))
+  opts = (Opt(OptOps.UPCAST, 0, OUTPUTS), Opt(OptOps.UNROLL, 0, GROUPS))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=KernelInfo(name=f"lanes_{T}_{N}_{x.shape[1]}", opts_to_apply=opts))
 
 def rows(T:int) -> int: return max(c for c in range(1, 9) if T % c == 0)   # a chunk: the most rows up to 8 that divide T
-# outputs at a time: 8 where a chunk is one row (on pocl, one-row kernels over gpt2-xl's 8 c_fc weights / its lm_head /
-# docs-draft's lm_head: 13.5 -> 12.9 / 12.8 -> 12.0 / 1.1 -> 0.9 ms), 4 beside more rows (5 rows: 8 were 1-2% slower)
-def outputs(T:int) -> int: return 8 if rows(T) == 1 else 4
-
-def fits(T:int, N:int, C:int) -> bool: return N % outputs(T) == 0 and C % (4 * LANES) == 0   # 4 groups of LANES at a time
+def fits(N:int, C:int) -> bool: return N % OUTPUTS == 0 and C % (GROUPS * LANES) == 0
 
 def linear(x:Tensor, w:Tensor, dtype=None, lanes:bool|None=None) -> Tensor:
   """x (..., C) @ w (N, C).T, in dtype (default x's), accumulated in float32. lanes: the lanes kernel or tinygrad's
@@ -62,8 +61,8 @@ def choose(T:int, weights:list[Tensor], x_dtype) -> bool:
   N, C = weights[0].shape
   key = (T, N, C, x_dtype, weights[0].dtype)
   if key in use_lanes: return use_lanes[key]
-  if not fits(T, N, C): use_lanes[key] = False; return False
-  disk = machine_key(key, inspect.getsource(lanes_kernel) + inspect.getsource(outputs))   # a changed kernel: measured again
+  if not fits(N, C): use_lanes[key] = False; return False
+  disk = machine_key(key, inspect.getsource(lanes_kernel) + repr((LANES, OUTPUTS, GROUPS)))   # a changed kernel: measured again
   if (faster := diskcache_get("spec_lanes", disk)) is None:
     x = Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
     faster = diskcache_put("spec_lanes", disk, seconds(x, weights, True) < seconds(x, weights, False))
