@@ -62,7 +62,8 @@ def choose(T:int, weights:list[Tensor], x_dtype) -> bool:
   key = (T, N, C, x_dtype, weights[0].dtype)
   if key in use_lanes: return use_lanes[key]
   if not fits(N, C): use_lanes[key] = False; return False
-  disk = machine_key(key, inspect.getsource(lanes_kernel) + repr((LANES, OUTPUTS, GROUPS)))   # a changed kernel: measured again
+  kernel = inspect.getsource(lanes_kernel) + inspect.getsource(rows) + repr((LANES, OUTPUTS, GROUPS))
+  disk = machine_key(key, kernel)   # a changed kernel (its code, chunks or options) is measured again
   if (faster := diskcache_get("spec_lanes", disk)) is None:
     x = Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
     faster = diskcache_put("spec_lanes", disk, seconds(x, weights, True) < seconds(x, weights, False))
