@@ -10,7 +10,8 @@ import contextlib, functools, hashlib, importlib.metadata, inspect, json, math, 
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
-from models import hub, replay
+from models import attention, hub, replay
+from models.attention import attend
 from models.linear import Linear, choose, half_pays, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
@@ -55,21 +56,12 @@ class Attention:
     # one preallocated cache per layer and per model instance: (k|v, batch, head, position, head_dim)
     self.cache_kv = Tensor.zeros(2, 1, self.n_head, cfg.n_positions, self.head_dim, dtype=dtype).contiguous().realize()
 
-  def __call__(self, x:Tensor, start_pos:int|UOp, mask:Tensor|None) -> Tensor:
+  def __call__(self, x:Tensor, start_pos:int|UOp) -> Tensor:
     B, T, C = x.shape
-    q, k, v = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+    qkv = self.c_attn(x)                                                                        # (B, T, 3C)
+    k, v = qkv.reshape(B, T, 3, self.n_head, self.head_dim)[:, :, 1:].permute(2, 0, 3, 1, 4)    # 2 x (B, H, T, D)
     self.cache_kv[:, :, :, start_pos:start_pos+T].assign(Tensor.stack(k, v))
-    keys, values = self.cache_kv[0, :, :, :start_pos+T], self.cache_kv[1, :, :, :start_pos+T]  # (B, H, S, D), S = start_pos+T
-    # Written as broadcasts, not matmuls, with the weighted sum over (head, token) rows merged into one axis: the length S
-    # is symbolic, and tinygrad indexes a transposed view of the cache, or a buffer of S columns whose rows it loops over
-    # as two axes, through a division by S per element (gpt2, 5 tokens at position 700, default kernels: 62 ms, now 34)
-    # scores and softmax in float32 whatever the dtype: precision, and tinygrad 0.14 miscompiles a max over emulated half
-    scores = (q.unsqueeze(-2) * keys.unsqueeze(-3)).sum(-1, dtype=dtypes.float32) / math.sqrt(self.head_dim)  # (B, H, T, S)
-    probs = (scores if mask is None else scores + mask).softmax(-1).cast(x.dtype)
-    S, HT = probs.shape[-1], self.n_head * T
-    values = values.unsqueeze(2).expand(B, self.n_head, T, S, self.head_dim).reshape(B, HT, S, self.head_dim)
-    y = (probs.reshape(B, HT, S).unsqueeze(-1) * values).sum(-2).reshape(B, self.n_head, T, self.head_dim)  # (B, H, T, D)
-    return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+    return self.c_proj(attend(qkv, self.cache_kv, start_pos))
 
 class MLP:
   def __init__(self, cfg:GPT2Config):
@@ -82,8 +74,8 @@ class Block:
     self.ln_1, self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon), nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
     self.attn, self.mlp = Attention(cfg, dtype), MLP(cfg)
 
-  def __call__(self, x:Tensor, start_pos:int|UOp, mask:Tensor|None) -> Tensor:
-    x = x + self.attn(self.ln_1(x), start_pos, mask)
+  def __call__(self, x:Tensor, start_pos:int|UOp) -> Tensor:
+    x = x + self.attn(self.ln_1(x), start_pos)
     return (x + self.mlp(self.ln_2(x))).contiguous()
 
 class GPT2:
@@ -114,12 +106,14 @@ class GPT2:
 
   def choose_kernels(self, widths) -> None:
     """For passes of these widths, measure once per machine which kernels compute each linear layer faster
-    (models/linear.py: the lanes kernel or tinygrad's matmul); every later pass of those widths runs them."""
+    (models/linear.py: the lanes kernel or tinygrad's matmul), and attention (models/attention.py: its kernels or
+    tinygrad's broadcasts); every later pass of those widths runs them."""
     layers = zip(*((b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in self.h))   # each role, every layer
     groups = [[layer.weight for layer in role] for role in layers] + [[self.wte.weight]]
     with notice(f"choosing the kernels of {self.cfg.n_layer} layers x {self.cfg.n_embd} for passes of {sorted(widths)} tokens"):
       for T in widths:
         for weights in groups: choose(T, weights, self.dtype)
+        attention.choose(T, [b.attn.cache_kv for b in self.h], self.dtype)
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each.
@@ -127,10 +121,7 @@ class GPT2:
     T = tokens.shape[1]
     # the lookup indexes the vocabulary's rows only: over all padded_vocab rows tinygrad splits it into a slow reduce
     x = self.wte.weight[:self.cfg.vocab_size][tokens] + self.wpe.weight.shrink(((start_pos, start_pos+T), None))  # (1, T, C)
-    # causal: a token sees the cache and the block up to itself; only the block's own T x T corner is masked (a triu
-    # over all start_pos+T columns builds an arange of that symbolic length: a kernel of (start_pos+T)^2 steps a pass)
-    mask = Tensor.full((1, 1, T, T), float("-inf")).triu(1).pad((None, None, None, (start_pos, 0))) if T > 1 else None
-    for block in self.h: x = block(x, start_pos, mask)
+    for block in self.h: x = block(x, start_pos)
     # lm_head tied to wte, over padded_vocab rows: tinygrad's heuristics split a matmul's output axis (into registers
     # and threads) only by factors that divide it, and 50257 = 29 x 1733 (unpadded, gpt2-xl's lm_head took 85 ms, padded 36)
     logits = linear(self.ln_f(x)[0], self.wte.weight, dtype=dtypes.float32).contiguous()    # (T, padded_vocab)
@@ -214,11 +205,11 @@ class _StateUnpickler(pickle.Unpickler):
 def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),
   and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file, of
-  models/linear.py, models/replay.py and of fn's, tinygrad's version, device and settings, the model's shape and dtype,
-  the search width and the step's arguments."""
+  models/attention.py, models/linear.py, models/replay.py and of fn's, tinygrad's version, device and settings, the
+  model's shape and dtype, the search width and the step's arguments."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   if not root or CACHELEVEL.value == 0: return None
-  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, replay.__file__, inspect.getsourcefile(choose), inspect.getsourcefile(fn)})]
+  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, replay.__file__, attention.__file__, inspect.getsourcefile(choose), inspect.getsourcefile(fn)})]
   settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
           model.cfg, model.dtype, model.search, key)

@@ -63,12 +63,16 @@ def choose(T:int, weights:list[Tensor], x_dtype) -> bool:
   if key in use_lanes: return use_lanes[key]
   if not fits(N, C): use_lanes[key] = False; return False
   kernel = inspect.getsource(lanes_kernel) + inspect.getsource(rows) + repr((LANES, OUTPUTS, GROUPS))
-  disk = machine_key(key, kernel)   # a changed kernel (its code, chunks or options) is measured again
-  if (faster := diskcache_get("spec_lanes", disk)) is None:
-    x = Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
-    faster = diskcache_put("spec_lanes", disk, seconds(x, weights, True) < seconds(x, weights, False))
-  use_lanes[key] = faster
-  return faster
+  x = lambda: Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
+  use_lanes[key] = faster("spec_lanes", (key, kernel), lambda: seconds(x(), weights, True), lambda: seconds(x(), weights, False))
+  return use_lanes[key]
+
+def faster(kind:str, what:tuple, first, second) -> bool:
+  """Whether first() measures fewer seconds than second(), asked once per machine: cached in tinygrad's disk cache under
+  kind by machine_key(*what) (what holds the measured code: a changed kernel, its chunks or options, is measured again)."""
+  disk = machine_key(*what)
+  if (ret := diskcache_get(kind, disk)) is None: ret = diskcache_put(kind, disk, first() < second())
+  return ret
 
 def half_pays() -> bool:
   """Whether this device multiplies a row by half weights clearly faster (1.25x) than by float32 ones, as tinygrad's

@@ -1,14 +1,14 @@
 """The GPT-2 port: parity with an independent numpy GPT-2, KV cache and rollback, JIT, loading errors."""
-import json
+import collections, json
 import numpy as np
 import pytest
-from tinygrad import Tensor, Device, Context, dtypes
+from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes
 from tinygrad.engine.realize import get_graph_runtime
 from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models
-from models import gpt2, linear, replay
+from models import attention, gpt2, linear, replay
 from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, write_safetensors
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -177,6 +177,56 @@ def test_choose_measures_once_per_machine(monkeypatch):
   monkeypatch.setattr(linear, "seconds", lambda x, weights, lanes: 2.0 if lanes else 1.0)
   assert linear.choose(5, weights, dtypes.float32) is False and linear.use_lanes[(5, 64, 32, dtypes.float32, dtypes.float32)] is False
 
+def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
+  """Causal attention of rows start..start+T-1 over the cache's first start+T positions, in float64: (T, C)."""
+  _, T, C3 = qkv.shape
+  _, _, H, _, D = cache.shape
+  q = qkv[0, :, :C3 // 3].reshape(T, H, D).transpose(1, 0, 2)                        # (H, T, D)
+  keys, values = cache[0, 0, :, :start + T], cache[1, 0, :, :start + T]             # (H, S, D)
+  scores = q @ keys.transpose(0, 2, 1) / np.sqrt(D)                                 # (H, T, S)
+  scores[:, np.arange(T)[:, None] < np.arange(start + T)[None, :] - start] = -np.inf
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  return (probs / probs.sum(-1, keepdims=True) @ values).transpose(1, 0, 2).reshape(T, C3 // 3)
+
+def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_"))}
+
+@pytest.mark.backend
+@pytest.mark.parametrize("T", [1, 2, 3, 5, 9, 16])
+def test_attention_kernels_compute_attention(T):
+  """attention.py's kernels and tinygrad's broadcasts both compute causal attention over the cache, for every width a
+  step may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at the first positions and deep in the cache, with the position
+  a bound variable (a captured step: one compile for every position) or a Python int (an eager pass: at 0, T = 1 is a
+  range of one position)."""
+  rng = np.random.default_rng(T)
+  H, P, D = 3, 64, 32
+  qkv, cache = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, 3 * H * D), (2, 1, H, P, D)))
+  start_pos = UOp.variable("start_pos", 0, P - T)
+  for kernels in (True, False):
+    step = TinyJit(lambda qkv, pos: attention.attend(qkv, cache, pos, kernels).realize())
+    for start in (0, 1, P - T - 7, P - T):
+      expected = np_attention(qkv.float().numpy().astype(np.float64), cache.float().numpy().astype(np.float64), start)
+      for got in [step(qkv, start_pos.bind(start))] + ([attention.attend(qkv, cache, start, kernels)] if start == 0 else []):
+        assert got.shape == (1, T, H * D) and got.dtype == qkv.dtype
+        assert np.abs(got.float().numpy()[0] - expected).max() / np.abs(expected).max() < tolerance(), (kernels, start)
+  assert {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} <= attention_programs()
+
+def test_attention_choose_measures_once_per_machine(monkeypatch):
+  """attention.choose() times its kernels and tinygrad's broadcasts over the caches given, keeps the faster, and asks
+  tinygrad's disk cache first; a head dimension the kernels do not split is never measured."""
+  disk, timed = {}, []
+  monkeypatch.setattr(attention, "use_kernels", {})
+  monkeypatch.setattr(linear, "diskcache_get", lambda table, key: disk.get((table, key)))
+  monkeypatch.setattr(linear, "diskcache_put", lambda table, key, val: disk.setdefault((table, key), val))
+  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, kernels: timed.append((T, kernels)) or (1.0 if kernels else 2.0))
+  caches = [Tensor.empty(2, 1, 4, 128, 64) for _ in range(2)]
+  assert attention.choose(5, caches, dtypes.float32) is True and timed == [(5, True), (5, False)]
+  assert attention.use_kernels == {(5, 4, 128, 64, dtypes.float32): True}
+  monkeypatch.setattr(attention, "use_kernels", {})
+  assert attention.choose(5, caches, dtypes.float32) is True and len(timed) == 2, "measured again"
+  assert attention.choose(5, [Tensor.empty(2, 1, 4, 128, 30)], dtypes.float32) is False and len(timed) == 2
+  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, kernels: 2.0 if kernels else 1.0)
+  assert attention.choose(1, caches, dtypes.float32) is False and attention.use_kernels[(1, 4, 128, 64, dtypes.float32)] is False
+
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch):
   """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
   (timed once per machine, then read from tinygrad's disk cache), float32 where it is not or the device has no half."""
@@ -207,12 +257,14 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch):
   assert gpt2.resolve_dtype("auto") == dtypes.float32
 
 @pytest.mark.backend
-def test_a_model_on_lanes_kernels(tiny_dir, monkeypatch):
-  """Where choose() picks the lanes kernel, every linear layer and the lm_head of a pass run it: the logits of a plain
-  forward and of captured steps (a decode and a 5-token verify pass) are the numpy GPT-2's."""
+def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
+  """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the lanes kernel and
+  every layer's attention the attention kernels: the logits of a plain forward and of captured steps (a decode and a
+  5-token verify pass) are the numpy GPT-2's."""
   class Everywhere(dict):
     def get(self, key, default=None): return linear.fits(*key[1:3])
   monkeypatch.setattr(linear, "use_lanes", Everywhere())
+  monkeypatch.setattr(attention, "use_kernels", collections.defaultdict(lambda: True))
   monkeypatch.setenv("SPEC_STEP_CACHE", "")                       # steps captured here, none loaded
   weights = random_weights(TINY, seed=1)
   model = load(tiny_dir / "target")
@@ -224,28 +276,31 @@ def test_a_model_on_lanes_kernels(tiny_dir, monkeypatch):
   one = [model(seq[10:], 10).numpy() for _ in range(2)][-1]
   assert_close(np.concatenate([five, one]), expected[5:])
   assert {"lanes_5_96_32", "lanes_1_32_32", "lanes_1_128_32", "lanes_5_32_128", "lanes_1_64_32"} <= lanes_programs()
+  assert {"scores_5_2_16", "values_5_2_16", "scores_1_2_16", "values_1_2_16"} <= attention_programs()
 
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
-  """Every step pass (at most STEP_WIDTH tokens) has its linear layers' kernels chosen by measurement (models/linear.py)
-  for its width and for one token, whatever the search; with search > 0 its other kernels come from tinygrad's BEAM
-  search (which caches its result on disk: a machine searches a kernel once). A prefill chooses and searches nothing.
-  The logits do not change."""
+  """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers and attention chosen by measurement
+  (models/linear.py, models/attention.py) for its width and for one token, whatever the search; with search > 0 its
+  other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine searches a kernel once). A
+  prefill chooses and searches nothing. The logits do not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
   monkeypatch.setattr(linear, "use_lanes", {})
+  monkeypatch.setattr(attention, "use_kernels", {})
   plain, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  assert beams == [] and linear.use_lanes == {}, "a prefill searched or chose"
-  assert searched.jit(searched.forward, gpt2.STEP_WIDTH + 1).search == 0 and linear.use_lanes == {}
+  assert beams == [] and linear.use_lanes == {} and attention.use_kernels == {}, "a prefill searched or chose"
+  assert searched.jit(searched.forward, gpt2.STEP_WIDTH + 1).search == 0 and linear.use_lanes == {} and attention.use_kernels == {}
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
   assert beams and set(beams) == {1}
   assert {(T, N, C) for T, N, C, *_ in linear.use_lanes} == {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
+  assert set(attention.use_kernels) == {(1, 2, 256, 16, searched.dtype)}
   plain.prefill(seq[:-1])
   beams.clear()
   expected = plain(seq[-2:], len(seq) - 2).numpy()
-  assert beams == [] and {T for T, *_ in linear.use_lanes} == {1, 2}, "search 0 searched, or did not choose"
+  assert beams == [] and {T for T, *_ in linear.use_lanes} == {T for T, *_ in attention.use_kernels} == {1, 2}, "search 0 searched, or did not choose"
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]
   assert beams and set(beams) == {1}
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),
