@@ -50,12 +50,15 @@ def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp) -> UOp:
   return out[0, t, h * D + d].store(y.cast(out.dtype)).end(h, dc, tc, ti, dl).sink(arg=KernelInfo(name=f"values_{T}_{H}_{D}", opts_to_apply=()))
 
 def custom(fxn, out:Tensor, *inputs:Tensor, pos:UOp) -> Tensor:
-  """out after fxn(out, *inputs, pos) ran: Tensor.custom_kernel, which passes buffers only, with the bound variable pos
-  beside them, entering the kernel as tinygrad's own kernels hold one: a parameter found by its name."""
+  """out after fxn(out, *inputs, pos) ran: Tensor.custom_kernel, which passes buffers only, with the position beside them,
+  an expression of variables (a draft's later steps run at start_pos + 1, ...). Each variable, bound (AFTER(variable,
+  STORE(variable, value))) or not, enters the kernel as tinygrad's own kernels hold one: a parameter found by its name."""
   buffers = [out.uop, *(x.uop for x in inputs)]
   params = [UOp.placeholder_like(u, slot=i) for i, u in enumerate(buffers)]
-  var = pos.src[0] if pos.op is Ops.AFTER else pos   # bind() makes AFTER(variable, STORE(variable, value))
-  return Tensor(out.uop.after(fxn(*params, var.replace(op=Ops.PARAM)).call(*buffers, pos)))
+  bound = [u for u in pos.toposort() if u.is_bound_var]
+  variables = bound + [u for u in pos.toposort() if u.is_variable and all(b.src[0] is not u for b in bound)]
+  names = {u: (u.src[0] if u.op is Ops.AFTER else u).replace(op=Ops.PARAM) for u in variables}
+  return Tensor(out.uop.after(fxn(*params, pos.substitute(names)).call(*buffers, *variables)))
 
 def attend(qkv:Tensor, cache:Tensor, start_pos:int|UOp, kernels:bool|None=None) -> Tensor:
   """qkv (1, T, 3C), c_attn's output for positions start_pos .. start_pos+T-1, whose keys and values are in cache
@@ -82,6 +85,7 @@ def attend(qkv:Tensor, cache:Tensor, start_pos:int|UOp, kernels:bool|None=None) 
   # over all S columns builds an arange of that symbolic length: a kernel of S^2 steps a pass)
   if T > 1: scores = scores + Tensor.full((1, 1, T, T), -math.inf).triu(1).pad((None, None, None, (start_pos, 0)))
   probs = scores.softmax(-1).cast(qkv.dtype)
+  S = probs.shape[-1]   # start_pos + T as tinygrad simplified it
   values = values.unsqueeze(2).expand(B, H, T, S, D).reshape(B, H * T, S, D)
   y = (probs.reshape(B, H * T, S).unsqueeze(-1) * values).sum(-2).reshape(B, H, T, D)
   return y.transpose(1, 2).reshape(B, T, C3 // 3)

@@ -195,17 +195,19 @@ def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cac
 def test_attention_kernels_compute_attention(T):
   """attention.py's kernels and tinygrad's broadcasts both compute causal attention over the cache, for every width a
   step may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at the first positions and deep in the cache, with the position
-  a bound variable (a captured step: one compile for every position) or a Python int (an eager pass: at 0, T = 1 is a
-  range of one position)."""
+  a bound variable (a captured step: one compile for every position), an expression of one (a draft's later steps run
+  at start_pos + 1, ...) or a Python int (an eager pass: at 0, T = 1 is a range of one position)."""
   rng = np.random.default_rng(T)
   H, P, D = 3, 64, 32
   qkv, cache = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, 3 * H * D), (2, 1, H, P, D)))
-  start_pos = UOp.variable("start_pos", 0, P - T)
+  start_pos, earlier_pos = UOp.variable("start_pos", 0, P - T), UOp.variable("start_pos", 0, P - T - 2)
   for kernels in (True, False):
     step = TinyJit(lambda qkv, pos: attention.attend(qkv, cache, pos, kernels).realize())
-    for start in (0, 1, P - T - 7, P - T):
+    later = TinyJit(lambda qkv, pos: attention.attend(qkv, cache, pos + 2, kernels).realize())
+    for start in (0, 2, P - T - 7, P - T):
       expected = np_attention(qkv.float().numpy().astype(np.float64), cache.float().numpy().astype(np.float64), start)
-      for got in [step(qkv, start_pos.bind(start))] + ([attention.attend(qkv, cache, start, kernels)] if start == 0 else []):
+      got = [step(qkv, start_pos.bind(start))] + ([later(qkv, earlier_pos.bind(start - 2))] if start >= 2 else [])
+      for got in got + ([attention.attend(qkv, cache, start, kernels)] if start == 0 else []):
         assert got.shape == (1, T, H * D) and got.dtype == qkv.dtype
         assert np.abs(got.float().numpy()[0] - expected).max() / np.abs(expected).max() < tolerance(), (kernels, start)
   assert {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} <= attention_programs()
