@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
 from models import attention, hub, replay
-from models.attention import attend
 from models.linear import Linear, choose, half_pays, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
@@ -61,7 +60,7 @@ class Attention:
     qkv = self.c_attn(x)                                                                        # (B, T, 3C)
     k, v = qkv.reshape(B, T, 3, self.n_head, self.head_dim)[:, :, 1:].permute(2, 0, 3, 1, 4)    # 2 x (B, H, T, D)
     self.cache_kv[:, :, :, start_pos:start_pos+T].assign(Tensor.stack(k, v))
-    return self.c_proj(attend(qkv, self.cache_kv, start_pos))
+    return self.c_proj(attention.attend(qkv, self.cache_kv, start_pos))
 
 class MLP:
   def __init__(self, cfg:GPT2Config):
@@ -209,7 +208,8 @@ def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   model's shape and dtype, the search width and the step's arguments."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   if not root or CACHELEVEL.value == 0: return None
-  code = [pathlib.Path(f).read_bytes() for f in sorted({__file__, replay.__file__, attention.__file__, inspect.getsourcefile(choose), inspect.getsourcefile(fn)})]
+  files = {__file__, attention.__file__, inspect.getsourcefile(choose), replay.__file__, inspect.getsourcefile(fn)}
+  code = [pathlib.Path(f).read_bytes() for f in sorted(files)]
   settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
           model.cfg, model.dtype, model.search, key)
