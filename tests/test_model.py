@@ -206,8 +206,8 @@ def test_attention_kernels_compute_attention(T):
     later = TinyJit(lambda qkv, pos: attention.attend(qkv, cache, pos + 2, kernels).realize())
     for start in (0, 2, P - T - 7, P - T):
       expected = np_attention(qkv.float().numpy().astype(np.float64), cache.float().numpy().astype(np.float64), start)
-      got = [step(qkv, start_pos.bind(start))] + ([later(qkv, earlier_pos.bind(start - 2))] if start >= 2 else [])
-      for got in got + ([attention.attend(qkv, cache, start, kernels)] if start == 0 else []):
+      results = [step(qkv, start_pos.bind(start))] + ([later(qkv, earlier_pos.bind(start - 2))] if start >= 2 else [])
+      for got in results + ([attention.attend(qkv, cache, start, kernels)] if start == 0 else []):
         assert got.shape == (1, T, H * D) and got.dtype == qkv.dtype
         assert np.abs(got.float().numpy()[0] - expected).max() / np.abs(expected).max() < tolerance(), (kernels, start)
   assert {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} <= attention_programs()
