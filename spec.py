@@ -77,8 +77,9 @@ def uniform(key:Tensor, nonce:int|UOp, *shape:int, greedy:bool=False) -> Tensor:
 
 def sample(probs:Tensor, u:Tensor) -> Tensor:
   """One token per row, distributed as probs, from u ~ U(0,1) of its shape: the exponential race argmax probs/(-log u), which
-  is Gumbel-max with one log, not three; zero-probability tokens never. Materialized, as argmax reads the scores twice."""
-  return (probs / -u.log()).contiguous().argmax(-1)
+  is Gumbel-max with one log, not three; zero-probability tokens never. The scores are materialized, as argmax reads
+  them twice, and so is the token: a kernel that indexes by it would otherwise redo the argmax's last step per element."""
+  return (probs / -u.log()).contiguous().argmax(-1).contiguous()
 
 def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
   """min(1, q(x)/p(x)) for each drafted x (K,): the probability that the target keeps it. p, q: (K, V)."""
@@ -93,11 +94,11 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
 def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool,
             filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
-  Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V)."""
-  u = uniform(key, nonce, K, draft.cfg.vocab_size, greedy=greedy)
+  Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded())."""
+  u = uniform(key, nonce, K, vocab_width(draft.cfg.vocab_size), greedy=greedy)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
-    logits = draft.forward(tokens, pos)[-1:]
+    logits = padded(draft.forward(tokens, pos)[-1:])
     p = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)     # (1, V) p(x | x_1..x_n, x~_1..x~_t)
     drafted.append(sample(p, u[t:t+1]).realize())                                   # x~_t+1 ~ p; realized, so the next
     ps.append(p)                                                                    # step does not recompute this one
@@ -109,7 +110,7 @@ def token_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Te
   kept, and the distribution of the next token, norm(max(0, q_n - p_n))."""
   K = drafted.shape[0]
   kept = r < acceptance(p[:K], q[:K], drafted)
-  n = kept.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min()            # the first rejection, K if none
+  n = kept.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min().contiguous()   # the first rejection, K if none
   return n, residual(p, q)[n]
 
 def block_acceptance(p:Tensor, q:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor]:
@@ -129,7 +130,7 @@ def block_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Te
   """Block verification: n is the largest i with r_i <= h_i (i >= 1; else 0), the next token is drawn from
   norm(max(0, w_n q_n+1 - p_n+1)). Same arguments and result as token_verification; never fewer tokens in expectation."""
   w, h = block_acceptance(p, q, drafted)
-  n = (r.cast(h.dtype).pad(((1, 0),)) <= h).where(Tensor.arange(h.shape[0]), 0).max()   # r_0 = 0: stopping at 0 is always allowed
+  n = (r.cast(h.dtype).pad(((1, 0),)) <= h).where(Tensor.arange(h.shape[0]), 0).max().contiguous()   # r_0 = 0: stopping at 0 is always allowed
   return n, residual(p, w.unsqueeze(-1) * q)[n]
 
 RULES = {"block": block_verification, "token": token_verification}
@@ -300,6 +301,13 @@ def round_events(result:list[float], K:int) -> list[dict]:
 # value reaches the compiled function without a host-to-device copy, and nothing recompiles
 NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
+def padded(logits:Tensor) -> Tensor:
+  """logits (N, V) -> (N, vocab_width(V)), the added tokens impossible (logit -inf: probability 0 under every warp), for the
+  distributions a round computes. tinygrad splits an axis over threads and registers only by its factors, and GPT-2's 50257
+  is 29 x 1733: on pocl an elementwise pass over 50257 floats took 239 us, over 50304 40 us (a max: 95 and 55 us)."""
+  return logits.pad(((0, 0), (0, vocab_width(logits.shape[-1]) - logits.shape[-1])), value=float("-inf"))
+def vocab_width(V:int) -> int: return V + -V % 64
+
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
 class Verifier:
@@ -319,7 +327,7 @@ def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tenso
                   **static) -> Tensor:
   """Steps 2 and 3 in one JIT call: the target's pass over block, then verify(). One call, not the model's own forward
   step and then verify(): that step copies its input, and scheduling the copy took 1.7 ms."""
-  return verify(target.forward(block, start_pos), p, block, key, nonce, temperature, top_k, top_p, **static)
+  return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, temperature, top_k, top_p, **static)
 
 def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:bool) -> dict[int, float]:
   """Run the JIT-compiled steps of every K until each has run twice, before the prefill, at positions 0 and 1, so that

@@ -59,6 +59,17 @@ def test_sample_draws_each_token_with_its_probability():
   assert fit(probs[:4]) > 1e-3, counts
   assert fit(probs[:4] ** 2 / (probs[:4] ** 2).sum()) < 1e-3 and fit(probs[[1, 0, 2, 3]]) < 1e-3
 
+@pytest.mark.parametrize("sampling", [spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.7, top_k=5), spec.Sampling(1.3, top_p=0.6),
+                                      spec.Sampling(1.0, top_k=7, top_p=0.8)], ids=str)
+def test_padding_the_vocabulary_changes_no_distribution(sampling):
+  # a round's distributions span padded(): the tokens added are impossible under every warp, the rest unchanged
+  V = 50
+  logits = Tensor(np.random.default_rng(5).standard_normal((3, V)).astype(np.float32) * 3)
+  warped = lambda x: spec.warp(x, *sampling.tensors(V), **sampling.static).numpy()
+  wide = warped(spec.padded(logits))
+  assert wide.shape == (3, spec.vocab_width(V)) == (3, 64) and not wide[:, V:].any()
+  np.testing.assert_allclose(wide[:, :V], warped(logits), rtol=1e-6, atol=1e-9)
+
 # ***** a whole round on toy conditional tables, under both verification rules *****
 
 def toy_model(V:int, seed:int, sharp:float, temperature:float=1.0):
