@@ -10,7 +10,7 @@ import contextlib, functools, hashlib, importlib.metadata, inspect, json, math, 
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
-from models import attention, hub, replay
+from models import attention, hub, norm, replay
 from models.linear import Linear, choose, half_pays, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
@@ -70,7 +70,7 @@ class MLP:
 
 class Block:
   def __init__(self, cfg:GPT2Config, dtype):
-    self.ln_1, self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon), nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+    self.ln_1, self.ln_2 = norm.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon), norm.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
     self.attn, self.mlp = Attention(cfg, dtype), MLP(cfg)
 
   def __call__(self, x:Tensor, start_pos:int|UOp) -> Tensor:
@@ -83,7 +83,7 @@ class GPT2:
     # wte has padded_vocab rows; the ones past vocab_size are never looked up and their logits are dropped
     self.wte, self.wpe = nn.Embedding(cfg.padded_vocab, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
     self.h = [Block(cfg, self.dtype) for _ in range(cfg.n_layer)]
-    self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+    self.ln_f = norm.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
     for t in get_state_dict(self).values(): t.replace(t.cast(dtype))  # weights, and so activations, in dtype
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)
     # JIT-compiled functions owned by this instance (a TinyJit on the class would be shared by draft and target)
@@ -105,14 +105,15 @@ class GPT2:
 
   def choose_kernels(self, widths) -> None:
     """For passes of these widths, measure once per machine which kernels compute each linear layer faster
-    (models/linear.py: the lanes kernel or tinygrad's matmul), and attention (models/attention.py: its kernels or
-    tinygrad's broadcasts); every later pass of those widths runs them."""
+    (models/linear.py: the lanes kernel or tinygrad's matmul), attention (models/attention.py: its kernels or tinygrad's
+    broadcasts) and the layer norms (models/norm.py: its kernel or tinygrad's); every later pass of those widths runs them."""
     layers = zip(*((b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in self.h))   # each role, every layer
     groups = [[layer.weight for layer in role] for role in layers] + [[self.wte.weight]]
     with notice(f"choosing the kernels of {self.cfg.n_layer} layers x {self.cfg.n_embd} for passes of {sorted(widths)} tokens"):
       for T in widths:
         for weights in groups: choose(T, weights, self.dtype)
         attention.choose(T, [b.attn.cache_kv for b in self.h], self.dtype)
+        norm.choose(T, [ln for b in self.h for ln in (b.ln_1, b.ln_2)] + [self.ln_f], self.dtype)
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each.
@@ -204,11 +205,11 @@ class _StateUnpickler(pickle.Unpickler):
 def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),
   and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file, of
-  models/attention.py, models/linear.py, models/replay.py and of fn's, tinygrad's version, device and settings, the
+  models/attention.py, models/linear.py, models/norm.py, models/replay.py and of fn's, tinygrad's version, device and settings, the
   model's shape and dtype, the search width and the step's arguments."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   if not root or CACHELEVEL.value == 0: return None
-  files = {__file__, attention.__file__, inspect.getsourcefile(choose), replay.__file__, inspect.getsourcefile(fn)}
+  files = {__file__, attention.__file__, inspect.getsourcefile(choose), norm.__file__, replay.__file__, inspect.getsourcefile(fn)}
   code = [pathlib.Path(f).read_bytes() for f in sorted(files)]
   settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,

@@ -8,7 +8,7 @@ from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models
-from models import attention, gpt2, linear, replay
+from models import attention, gpt2, linear, norm, replay
 from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, write_safetensors
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -229,6 +229,39 @@ def test_attention_choose_measures_once_per_machine(monkeypatch):
   monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, kernels: 2.0 if kernels else 1.0)
   assert attention.choose(1, caches, dtypes.float32) is False and attention.use_kernels[(1, 4, 128, 64, dtypes.float32)] is False
 
+@pytest.mark.backend
+@pytest.mark.parametrize("T", [1, 2, 5, 16])
+def test_norm_kernel_computes_layer_norm(T):
+  """norm.py's kernel and tinygrad's both compute nn.LayerNorm over each row, for every width a step may run, in the
+  suite's dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel)."""
+  rng = np.random.default_rng(T)
+  for C in (32, 768):
+    x = Tensor((rng.standard_normal((1, T, C)) * 3 + 20).astype(np.float32)).cast(dtype()).realize()
+    w, b = (Tensor(rng.standard_normal(C).astype(np.float32)).cast(dtype()).realize() for _ in range(2))
+    xs = x.float().numpy().astype(np.float64)
+    expected = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-5) * w.float().numpy() + b.float().numpy()
+    for kernel in (True, False):
+      got = norm.layer_norm(x, w, b, 1e-5, kernel)
+      assert got.shape == x.shape and got.dtype == x.dtype
+      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, kernel)
+    assert f"norm_{T}_{C}" in {p.arg.name for p in to_program_cache.values()}
+
+def test_norm_choose_measures_once_per_machine(monkeypatch):
+  """norm.choose() times its kernel and tinygrad's over the norms given, keeps the faster, and asks tinygrad's disk cache
+  first: a second process (an empty use_kernel) measures nothing."""
+  disk, timed = {}, []
+  monkeypatch.setattr(norm, "use_kernel", {})
+  monkeypatch.setattr(linear, "diskcache_get", lambda table, key: disk.get((table, key)))
+  monkeypatch.setattr(linear, "diskcache_put", lambda table, key, val: disk.setdefault((table, key), val))
+  monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel: timed.append((T, kernel)) or (1.0 if kernel else 2.0))
+  norms = [norm.LayerNorm(48) for _ in range(3)]
+  assert norm.choose(5, norms, dtypes.float32) is True and timed == [(5, True), (5, False)]
+  assert norm.use_kernel == {(5, 48, dtypes.float32): True}
+  monkeypatch.setattr(norm, "use_kernel", {})
+  assert norm.choose(5, norms, dtypes.float32) is True and len(timed) == 2, "measured again"
+  monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel: 2.0 if kernel else 1.0)
+  assert norm.choose(1, norms, dtypes.float32) is False and norm.use_kernel[(1, 48, dtypes.float32)] is False
+
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch):
   """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
   (timed once per machine, then read from tinygrad's disk cache), float32 where it is not or the device has no half."""
@@ -260,13 +293,14 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch):
 
 @pytest.mark.backend
 def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
-  """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the lanes kernel and
-  every layer's attention the attention kernels: the logits of a plain forward and of captured steps (a decode and a
+  """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the lanes kernel,
+  every layer's attention the attention kernels and every layer norm the norm kernel: the logits of a plain forward and of captured steps (a decode and a
   5-token verify pass) are the numpy GPT-2's."""
   class Everywhere(dict):
     def get(self, key, default=None): return linear.fits(*key[1:3])
   monkeypatch.setattr(linear, "use_lanes", Everywhere())
   monkeypatch.setattr(attention, "use_kernels", collections.defaultdict(lambda: True))
+  monkeypatch.setattr(norm, "use_kernel", collections.defaultdict(lambda: True))
   monkeypatch.setenv("SPEC_STEP_CACHE", "")                       # steps captured here, none loaded
   weights = random_weights(TINY, seed=1)
   model = load(tiny_dir / "target")
@@ -279,10 +313,11 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   assert_close(np.concatenate([five, one]), expected[5:])
   assert {"lanes_5_96_32", "lanes_1_32_32", "lanes_1_128_32", "lanes_5_32_128", "lanes_1_64_32"} <= lanes_programs()
   assert {"scores_5_2_16", "values_5_2_16", "scores_1_2_16", "values_1_2_16"} <= attention_programs()
+  assert {"norm_5_32", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
 
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
-  """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers and attention chosen by measurement
-  (models/linear.py, models/attention.py) for its width and for one token, whatever the search; with search > 0 its
+  """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
+  measurement (models/linear.py, models/attention.py, models/norm.py) for its width and for one token, whatever the search; with search > 0 its
   other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine searches a kernel once). A
   prefill chooses and searches nothing. The logits do not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
@@ -290,19 +325,21 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
   monkeypatch.setattr(linear, "use_lanes", {})
   monkeypatch.setattr(attention, "use_kernels", {})
+  monkeypatch.setattr(norm, "use_kernel", {})
   plain, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  assert beams == [] and linear.use_lanes == {} and attention.use_kernels == {}, "a prefill searched or chose"
-  assert searched.jit(searched.forward, gpt2.STEP_WIDTH + 1).search == 0 and linear.use_lanes == {} and attention.use_kernels == {}
+  assert beams == [] and linear.use_lanes == attention.use_kernels == norm.use_kernel == {}, "a prefill searched or chose"
+  assert searched.jit(searched.forward, gpt2.STEP_WIDTH + 1).search == 0 and linear.use_lanes == attention.use_kernels == norm.use_kernel == {}
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
   assert beams and set(beams) == {1}
   assert {(T, N, C) for T, N, C, *_ in linear.use_lanes} == {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
-  assert set(attention.use_kernels) == {(1, 2, 256, 16, searched.dtype)}
+  assert set(attention.use_kernels) == {(1, 2, 256, 16, searched.dtype)} and set(norm.use_kernel) == {(1, 32, searched.dtype)}
   plain.prefill(seq[:-1])
   beams.clear()
   expected = plain(seq[-2:], len(seq) - 2).numpy()
-  assert beams == [] and {T for T, *_ in linear.use_lanes} == {T for T, *_ in attention.use_kernels} == {1, 2}, "search 0 searched, or did not choose"
+  assert beams == [] and {T for T, *_ in linear.use_lanes} == {T for T, *_ in attention.use_kernels} == {T for T, *_ in norm.use_kernel} == {1, 2}, \
+    "search 0 searched, or did not choose"
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]
   assert beams and set(beams) == {1}
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),
