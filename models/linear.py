@@ -46,6 +46,8 @@ def linear(x:Tensor, w:Tensor, dtype=None, lanes:bool|None=None) -> Tensor:
   if lanes is None: lanes = use_lanes.get((T, N, C, x.dtype, w.dtype), False)
   if not lanes: return x.matmul(w.T, dtype=dtype)
   part = Tensor.empty(T, N, LANES, dtype=dtypes.float32, device=x.device).custom_kernel(x.reshape(T, C), w, fxn=lanes_kernel)[0]
+  # the lanes summed here, fused with what follows (bias, GELU, residual): summed inside the kernel, clang and pocl kept
+  # its accumulators on the stack (12 x 3072x768 weights, one row, CPU backend 7.0 -> 8.9 ms, pocl 5.7 -> 6.9)
   return part.sum(-1).cast(dtype or x.dtype).reshape(*B, N)
 
 class Linear:
