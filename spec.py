@@ -100,8 +100,9 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
     p = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)     # (1, V) p(x | x_1..x_n, x~_1..x~_t)
-    drafted.append(sample(p, u[t:t+1]).realize())                                   # x~_t+1 ~ p; realized, so the next
-    ps.append(p)                                                                    # step does not recompute this one
+    x = logits.argmax(-1, keepdim=True)[:, 0] if greedy else sample(p, u[t:t+1])    # x~_t+1 ~ p (greedy: p is one-hot
+    drafted.append(x.realize())                                                     # on warp's argmax); realized, so the
+    ps.append(p)                                                                    # next step does not recompute it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
   return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
 
@@ -146,7 +147,7 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
   r = uniform(key, nonce, K + V, greedy=greedy)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   n, dist = RULES[rule](p, q, drafted, r[:K])                                  # n kept, the residual or the bonus q_K+1
-  token = sample(dist, r[K:])
+  token = q_logits.argmax(-1, keepdim=True)[n, 0].contiguous() if greedy else sample(dist, r[K:])   # greedy: dist is one-hot on it
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
