@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Protocol
 from tinygrad import Tensor, UOp, dtypes
 import models
-from models import EOT, GPT2, device_tokens
+from models import EOT, GPT2, device_tokens, vocab_width
 from models.linear import best_seconds, synchronize   # timing: the device synchronized around the call
 
 # ***** the algorithm: distributions, proposal and verification, as functions on the device *****
@@ -46,9 +46,14 @@ class Sampling:
     return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([self.top_k or vocab_size], dtype=dtypes.int32),
             Tensor([self.top_p], dtype=dtypes.float32))
 
+def best(logits:Tensor) -> Tensor:
+  """(N, 1) each row's argmax: greedy's one-hot distribution (warp()) and its draw (propose(), verify()); one expression,
+  so tinygrad computes it once for both."""
+  return logits.argmax(-1, keepdim=True)
+
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, greedy:bool, filtered:bool) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from. Greedy (temperature 0): one-hot on the argmax."""
-  if greedy: return (logits.argmax(-1, keepdim=True) == Tensor.arange(logits.shape[-1])).float().contiguous()
+  if greedy: return (best(logits) == Tensor.arange(logits.shape[-1])).float().contiguous()
   probs = (logits / temperature).softmax(-1)
   if filtered:
     probs = probs * keep_largest(probs, lambda kept: kept.sum(-1, keepdim=True) >= top_k)             # top-k
@@ -100,9 +105,9 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
     p = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)     # (1, V) p(x | x_1..x_n, x~_1..x~_t)
-    x = logits.argmax(-1, keepdim=True)[:, 0] if greedy else sample(p, u[t:t+1])    # x~_t+1 ~ p (greedy: p is one-hot
-    drafted.append(x.realize())                                                     # on warp's argmax); realized, so the
-    ps.append(p)                                                                    # next step does not recompute it
+    x = best(logits)[:, 0] if greedy else sample(p, u[t:t+1])                       # x~_t+1 ~ p (greedy: p is one-hot on
+    drafted.append(x.realize())                                                     # it); realized, so the next step does
+    ps.append(p)                                                                    # not recompute it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
   return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
 
@@ -147,7 +152,7 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
   r = uniform(key, nonce, K + V, greedy=greedy)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   n, dist = RULES[rule](p, q, drafted, r[:K])                                  # n kept, the residual or the bonus q_K+1
-  token = q_logits.argmax(-1, keepdim=True)[n, 0].contiguous() if greedy else sample(dist, r[K:])   # greedy: dist is one-hot on it
+  token = best(q_logits)[n, 0].contiguous() if greedy else sample(dist, r[K:])       # greedy: dist is one-hot on it
   qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
@@ -304,10 +309,9 @@ NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
 def padded(logits:Tensor) -> Tensor:
   """logits (N, V) -> (N, vocab_width(V)), the added tokens impossible (logit -inf: probability 0 under every warp), for the
-  distributions a round computes. tinygrad splits an axis over threads and registers only by its factors, and GPT-2's 50257
-  is 29 x 1733: on pocl an elementwise pass over 50257 floats took 239 us, over 50304 40 us (a max: 95 and 55 us)."""
+  distributions a round computes, as the lm_head's rows are padded: on pocl an elementwise pass over GPT-2's 50257 floats
+  took 239 us, over 50304 40 us (a max: 95 and 55 us)."""
   return logits.pad(((0, 0), (0, vocab_width(logits.shape[-1]) - logits.shape[-1])), value=float("-inf"))
-def vocab_width(V:int) -> int: return V + -V % 64
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 

@@ -25,8 +25,7 @@ class GPT2Config:
   layer_norm_epsilon: float = 1e-5
 
   @property
-  def padded_vocab(self) -> int:  # the lm_head's rows rounded up to a multiple of 64 (nanoGPT's 50304): see GPT2.forward
-    return -(-self.vocab_size // 64) * 64
+  def padded_vocab(self) -> int: return vocab_width(self.vocab_size)   # the lm_head's rows: see GPT2.forward
 
   @property
   def n_params(self) -> int:  # with the lm_head tied to wte, as in the released checkpoints
@@ -44,6 +43,11 @@ CONFIGS = {
 HUB_ORG = "openai-community"
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored (in, out)
 EOT = 50256  # <|endoftext|>
+
+def vocab_width(V:int) -> int:
+  """V rounded up to a multiple of 64 (nanoGPT's 50304 for GPT-2): tinygrad splits an axis over threads and registers only
+  by its factors, and 50257 = 29 x 1733. The lm_head's rows, and the width of spec.py's distributions."""
+  return V + -V % 64
 
 class CheckpointError(Exception):
   """A model that cannot be loaded: the message names the file (or model name) and the problem."""
@@ -205,8 +209,8 @@ class _StateUnpickler(pickle.Unpickler):
 def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),
   and nowhere with CACHELEVEL=0. The name hashes everything the captured kernels depend on: the code of this file, of
-  models/attention.py, models/linear.py, models/norm.py, models/replay.py and of fn's, tinygrad's version, device and settings, the
-  model's shape and dtype, the search width and the step's arguments."""
+  models/attention.py, models/linear.py, models/norm.py, models/replay.py and of fn's, tinygrad's version, device and
+  settings, the model's shape and dtype, the search width and the step's arguments."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   if not root or CACHELEVEL.value == 0: return None
   files = {__file__, attention.__file__, inspect.getsourcefile(choose), norm.__file__, replay.__file__, inspect.getsourcefile(fn)}

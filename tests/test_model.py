@@ -294,8 +294,8 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch):
 @pytest.mark.backend
 def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the lanes kernel,
-  every layer's attention the attention kernels and every layer norm the norm kernel: the logits of a plain forward and of captured steps (a decode and a
-  5-token verify pass) are the numpy GPT-2's."""
+  every layer's attention the attention kernels and every layer norm the norm kernel: the logits of a plain forward
+  and of captured steps (a decode and a 5-token verify pass) are the numpy GPT-2's."""
   class Everywhere(dict):
     def get(self, key, default=None): return linear.fits(*key[1:3])
   monkeypatch.setattr(linear, "use_lanes", Everywhere())
@@ -317,9 +317,9 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
 
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
   """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
-  measurement (models/linear.py, models/attention.py, models/norm.py) for its width and for one token, whatever the search; with search > 0 its
-  other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine searches a kernel once). A
-  prefill chooses and searches nothing. The logits do not change."""
+  measurement (models/linear.py, models/attention.py, models/norm.py) for its width and for one token, whatever the
+  search; with search > 0 its other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine
+  searches a kernel once). A prefill chooses and searches nothing. The logits do not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
