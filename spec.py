@@ -151,9 +151,10 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
   q = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
   r = uniform(key, nonce, K + V, greedy=greedy)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
-  n, dist = RULES[rule](p, q, drafted, r[:K])                                  # n kept, the residual or the bonus q_K+1
+  # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs that crashed this step (README, Tests)
+  n, dist = RULES[rule](p, q, drafted, r[:K].contiguous())                     # n kept, the residual or the bonus q_K+1
   token = best(q_logits)[n, 0].contiguous() if greedy else sample(dist, r[K:])       # greedy: dist is one-hot on it
-  qx, px = q[Tensor.arange(K), drafted], p[Tensor.arange(K), drafted]
+  qx, px = (t[Tensor.arange(K), drafted].contiguous() for t in (q, p))
   return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
 
 # ***** drafters: what proposes a round's tokens *****
