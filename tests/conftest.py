@@ -15,6 +15,10 @@ if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", s
 os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
 atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True)
 
+# every kernel a test compiles is checked by tinygrad's code generator, which proves each load and store index inside its
+# buffer (CHECK_OOB=1, with the z3 solver): an out-of-bounds access fails its test as it compiles, not only when it
+# happens to touch an unmapped page (tests/kernel_bounds.py, README Tests)
+os.environ.setdefault("CHECK_OOB", "1")
 import models  # noqa: E402
 
 PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
