@@ -127,7 +127,7 @@ def block_acceptance(p:Tensor, q:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor
   ratio = q[Tensor.arange(K), drafted] / p[Tensor.arange(K), drafted]
   w = [Tensor.ones(1, dtype=q.dtype)]
   for t in range(K): w.append((w[-1] * ratio[t:t+1]).minimum(1))
-  w = Tensor.cat(*w)
+  w = Tensor.cat(*w).contiguous()   # materialized: verify()'s note on tinygrad 0.14 (on OpenCL, n's kernel lost an argument)
   m = (w.unsqueeze(-1) * q - p).relu().sum(-1)
   h = (m > 0).where(m / (m + 1 - w), 0)                                       # 0/0 only where w_i = 1, m_i = 0: go on
   return w, (Tensor.arange(K + 1) == 0).where(1, h)
