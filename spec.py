@@ -72,11 +72,8 @@ def keep_largest(probs:Tensor, enough) -> Tensor:
     lo, hi = ok.where(mid, lo), ok.where(hi, mid - 1)
   return (bits >= lo).float()
 
-def uniform(key:Tensor, nonce:int|UOp, *shape:int, greedy:bool=False) -> Tensor:
-  """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1. Greedy: all 0.5, nothing drawn,
-  because every distribution is one-hot: any u in (0, 1) samples its token, and r < min(1, q(x~)/p(x~)) holds
-  exactly when q(x~) = 1 = p(x~)."""
-  if greedy: return Tensor.full(shape, 0.5)
+def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
+  """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1."""
   counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
   return (((Tensor.random_bits(key, counter, math.prod(shape)) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
 
@@ -99,8 +96,9 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
 def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool,
             filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
-  Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded())."""
-  u = uniform(key, nonce, K, vocab_width(draft.cfg.vocab_size), greedy=greedy)
+  Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy:
+  p = None, one-hot on the block. Greedy draws nothing: its u and p are never realized, so no kernel computes them."""
+  u = uniform(key, nonce, K, vocab_width(draft.cfg.vocab_size))
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
@@ -109,7 +107,10 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
     drafted.append(x.realize())                                                     # it); realized, so the next step does
     ps.append(p)                                                                    # not recompute it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
-  return unseen[:, -1:].cat(*[d.reshape(1, 1) for d in drafted], dim=1).realize(), Tensor.cat(*ps).realize()
+  # the block realized flat, then viewed as (1, K+1): device_tokens()'s layout, which a verify step captured on either
+  # expects (a greedy model draft's p, like prompt lookup's, is one-hot: both use the same compiled step)
+  block = unseen[0, -1:].cat(*drafted).realize().reshape(1, K + 1)
+  return block, None if greedy else Tensor.cat(*ps).realize()
 
 def token_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
   """Chen et al.: keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)). p, q (K+1, V), drafted, r (K,). Returns n, the number
@@ -141,21 +142,39 @@ def block_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Te
 
 RULES = {"block": block_verification, "token": token_verification}
 
+def greedy_verification(q_logits:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Temperature 0, either rule: p and q are one-hot on their argmaxes, so min(1, q(x~_t)/p(x~_t)) is 1 where x~_t is
+  q_t's argmax and 0 elsewhere, and the residual after a rejection is one-hot on q_t's argmax. Keeps the drafts up to
+  the first that is not the target's argmax; the next token is the argmax there (q_K+1's when all are kept). Returns n,
+  the token and q(x~) (K,); p(x~) is 1, and the next token has q 1 and p 0 (a rejected x~_t is not q_t's argmax)."""
+  K, target_best = drafted.shape[0], best(q_logits)[:, 0].contiguous()   # materialized: read by two kernels
+  agree = drafted == target_best[:K]
+  n = agree.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min().contiguous()   # the first disagreement, K if none
+  return n, target_best[n], agree.float()
+
 def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool,
            filtered:bool, rule:str, one_hot:bool=False):
   """Step 3, modified rejection sampling by a rule of RULES. q_logits (K+1, V) from the target's pass over block =
   [x_n, x~_1..x~_K], p (K, V); one_hot (a deterministic draft: prompt lookup, or none): p = None, as it is one-hot on each
-  x~_t. Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)] as one float32 vector."""
+  x~_t; greedy: p unused (greedy_verification()). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K),
+  p(x~) (K)] as one float32 vector."""
   (K, V), drafted = (block.shape[1] - 1, q_logits.shape[-1]), block[0, 1:]
+  if greedy:
+    n, token, qx = greedy_verification(q_logits, drafted)
+    return packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
   q = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
-  r = uniform(key, nonce, K + V, greedy=greedy)
+  r = uniform(key, nonce, K + V)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs that crashed this step (README, Tests)
   n, dist = RULES[rule](p, q, drafted, r[:K].contiguous())                     # n kept, the residual or the bonus q_K+1
-  token = best(q_logits)[n, 0].contiguous() if greedy else sample(dist, r[K:])       # greedy: dist is one-hot on it
+  token = sample(dist, r[K:])
   qx, px = (t[Tensor.arange(K), drafted].contiguous() for t in (q, p))
-  return Tensor.stack(*[x.float() for x in (n, token, q[n, token], p[n, token])]).cat(drafted.float(), qx, px).realize()
+  return packed(n, token, q[n, token], p[n, token], drafted, qx, px)
+
+def packed(n, token, q_next, p_next, drafted, qx, px) -> Tensor:
+  """The round's result as one float32 vector, read by the host at once: [n, token, q(next), p(next), x~, q(x~), p(x~)]."""
+  return Tensor.stack(*[x.float() for x in (n, token, q_next, p_next)]).cat(*[x.float() for x in (drafted, qx, px)]).realize()
 
 # ***** drafters: what proposes a round's tokens *****
 
@@ -171,13 +190,14 @@ class Drafter(Protocol):
 class ModelDraft:
   """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`. Its KV cache
   rolls back by position: it holds the sequence up to what it last fed, and the round kept a prefix of that."""
-  kind, one_hot = "model", False
+  kind = "model"
   def __init__(self, model:GPT2, sampling:Sampling, key:Tensor):
     self.model, self.key, self.params, self.static = model, key, sampling.tensors(model.cfg.vocab_size), sampling.static
+    self.one_hot = sampling.static["greedy"]   # greedy: p is one-hot on the block, propose() returns p = None
   def reset(self, tokens:list[int]):
     self.model.prefill(tokens[:-1])
     self.fed = len(tokens) - 1
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor]:
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
     step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
@@ -260,8 +280,9 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
   target, stats = verifier.target, Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
   lookaheads, t0 = LOOKAHEADS if K == "auto" else (K,), time.perf_counter()
+  stats.t_target = time_target_decode(verifier, tokens[0])     # first: it warms the one-token step, which warm_up() checks
   round_seconds = warm_up(drafter, verifier, lookaheads, tokens[0], measure=K == "auto")
-  stats.t_target, stats.time_warmup = time_target_decode(verifier, tokens[0]), time.perf_counter() - t0
+  stats.time_warmup = time.perf_counter() - t0
   target.prefill(tokens[:-1]); drafter.reset(tokens)
   out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
   start = time.perf_counter()

@@ -220,9 +220,10 @@ def test_one_hot_verify_is_verify_with_a_one_hot_p(rule):
     assert (looked_up[0] == 0) == (seed % 2 == 0) and looked_up[4:4+K] == drafted
 
 @both_rules
-def test_greedy_verify_keeps_the_target_argmax_and_draws_nothing(rule):
-  # greedy rounds are compiled without random draws: keep x~_t while it is q_t's argmax, then emit the argmax of the
-  # first row that disagrees (or of q_K+1); the same for every seed
+def test_greedy_verify_is_the_rule_on_one_hot_distributions(rule):
+  # greedy rounds take a shortcut (greedy_verification(): keep x~_t while it is q_t's argmax, then emit the argmax of
+  # the first row that disagrees, or of q_K+1) and draw nothing. The rule itself, given the one-hot p and q that
+  # temperature 0 warps to and draws r anywhere in (0, 1), must decide the same: n, and a residual one-hot on that token
   rng, K, V = np.random.default_rng(4), 4, 7
   temperature, top_k, top_p = spec.Sampling(0.0).tensors(V)
   for case in range(12):
@@ -231,7 +232,13 @@ def test_greedy_verify_keeps_the_target_argmax_and_draws_nothing(rule):
     agree = case % (K + 1)                                     # the first agree drafts are the argmax, the next is not
     drafted = [int(best[t]) if t < agree else int((best[t] + 1 + t) % V) for t in range(K)]
     p = np.eye(V, dtype=np.float32)[drafted]                   # a greedy draft is one-hot on its proposal
-    outs = {tuple(spec.verify(Tensor(q_logits), Tensor(p), Tensor([[0] + drafted], dtype=dtypes.int32), spec.seed_key(seed),
-                              seed, temperature, top_k, top_p, **spec.Sampling(0.0).static, rule=rule).tolist()[:2])
-            for seed in range(3)}
-    assert outs == {(agree, int(best[agree]))}, (case, outs)
+    block = Tensor([[0] + drafted], dtype=dtypes.int32)
+    outs = {tuple(spec.verify(Tensor(q_logits), Tensor(p), block, spec.seed_key(seed), seed, temperature, top_k, top_p,
+                              **spec.Sampling(0.0).static, rule=rule).tolist()) for seed in range(3)}
+    matches = [float(x == b) for x, b in zip(drafted, best)]
+    assert outs == {(agree, best[agree], 1.0, 0.0, *drafted, *matches, *[1.0] * K)}, (case, outs)
+    P, Q = np.concatenate([p, np.zeros((1, V))]), np.eye(V)[best]
+    for r in (1e-6, 0.5, 1 - 1e-6):
+      f64 = lambda a: Tensor(a, dtype=dtypes.float64)
+      n, dist = spec.RULES[rule](f64(P), f64(Q), Tensor(drafted, dtype=dtypes.int32), f64(np.full(K, r)))
+      assert n.item() == agree and np.array_equal(dist.numpy(), np.eye(V)[best[agree]]), (case, r)

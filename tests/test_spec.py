@@ -276,6 +276,14 @@ def test_prompt_lookup_without_a_match_is_one_target_step(tiny):
   assert got == autoregressive_generate(tiny["target"], [17], 30, eos=None)[0]
   assert stats.lookaheads[0] == stats.sources["target"] >= 1 and set(stats.lookaheads) <= {0, 4}
 
+@pytest.mark.backend
+def test_greedy_model_draft_and_prompt_lookup_share_a_verify_step(tiny, target_twin):
+  # greedy, both drafts are one-hot on their block, so the target's one compiled verify step per K serves both: the
+  # blocks they hand it must have one layout (a JIT called with another raises), in either order
+  for first, then in ((tiny["draft"], PromptLookup()), (PromptLookup(), tiny["draft"])):
+    target = target_twin if first is tiny["draft"] else tiny["target"]
+    for draft in (first, then): assert_greedy_identical(target, draft, [5, 9, 2, 5, 9], 3, n=40)
+
 def test_choose_lookahead_on_synthetic_costs():
   cheap_draft = {K: 1.0 + 0.05 * K for K in spec.LOOKAHEADS}    # a draft step costs 5% of a verify pass
   assert spec.choose_lookahead(0.99, cheap_draft) == 8 and spec.choose_lookahead(0.01, cheap_draft) == 1
