@@ -285,7 +285,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   stats.time_warmup = time.perf_counter() - t0
   target.prefill(tokens[:-1]); drafter.reset(tokens)
   out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
-  start = time.perf_counter()
+  start = synchronize()   # the prefills run asynchronously: unwaited, they landed in the first round's draft time
   while not out.done:
     t0 = time.perf_counter()
     k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
@@ -393,7 +393,7 @@ class Stats:
   host_syncs: int = 0
   time_draft: float = 0.0         # seconds, synchronized at phase boundaries
   time_verify: float = 0.0
-  time_total: float = 0.0
+  time_total: float = 0.0         # the rounds, from the end of the prefill
   t_target: float = 0.0           # a round of the target alone (pass and draw), measured in the model's first run
   t_draft: float = 0.0            # one draft pass (with its sampling); for prompt lookup, the lookup per drafted token
   time_warmup: float = 0.0        # JIT capture and cost measurements, not in time_total
