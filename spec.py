@@ -163,7 +163,7 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
     n, token, qx = greedy_verification(q_logits, drafted)
     return packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
-  q = warp(q_logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
+  q = warp(q_logits, temperature, top_k, top_p, greedy=False, filtered=filtered)
   r = uniform(key, nonce, K + V)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs that crashed this step (README, Tests)
