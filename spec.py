@@ -47,9 +47,15 @@ class Sampling:
             Tensor([self.top_p], dtype=dtypes.float32))
 
 def best(logits:Tensor) -> Tensor:
-  """(N, 1) each row's argmax: greedy's one-hot distribution (warp()) and its draw (propose(), verify()); one expression,
-  so tinygrad computes it once for both."""
-  return logits.argmax(-1, keepdim=True)
+  """(..., 1) each row's argmax, the first of equal maxima: greedy's token and sample()'s race. One max over 64-bit keys,
+  a logit's order in the high half and its reversed index in the low: tinygrad's argmax is two reductions (the max,
+  then the first index holding it), so twice the kernels, and it reads the logits twice, so they are materialized."""
+  bits = logits.float().bitcast(dtypes.int32)
+  order = (bits < 0).where(-(bits & 0x7fffffff), bits)   # sign and magnitude as a signed int: ordered as the floats, -0 == 0
+  last = logits.shape[-1] - 1
+  # unsigned, so that the max starts from 0 (tinygrad writes int64's minimum as a literal that clang warns about)
+  keys = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32 + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
+  return last - (keys.max(-1, keepdim=True) & 0xffffffff).cast(dtypes.int32)
 
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, greedy:bool, filtered:bool) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from. Greedy (temperature 0): one-hot on the argmax."""
@@ -79,9 +85,9 @@ def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
 
 def sample(probs:Tensor, u:Tensor) -> Tensor:
   """One token per row, distributed as probs, from u ~ U(0,1) of its shape: the exponential race argmax probs/(-log u), which
-  is Gumbel-max with one log, not three; zero-probability tokens never. The scores are materialized, as argmax reads
-  them twice, and so is the token: a kernel that indexes by it would otherwise redo the argmax's last step per element."""
-  return (probs / -u.log()).contiguous().argmax(-1).contiguous()
+  is Gumbel-max with one log, not three; zero-probability tokens never. The token is materialized: a kernel that indexes
+  by it would otherwise redo the argmax's last step per element."""
+  return best(probs / -u.log())[..., 0].contiguous()
 
 def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
   """min(1, q(x)/p(x)) for each drafted x (K,): the probability that the target keeps it. p, q: (K, V)."""

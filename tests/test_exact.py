@@ -59,6 +59,23 @@ def test_sample_draws_each_token_with_its_probability():
   assert fit(probs[:4]) > 1e-3, counts
   assert fit(probs[:4] ** 2 / (probs[:4] ** 2).sum()) < 1e-3 and fit(probs[[1, 0, 2, 3]]) < 1e-3
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_best_is_the_first_argmax(dtype):
+  # best() packs each logit's order and index into one 64-bit key; numpy's argmax is the reference: rows of every scale,
+  # both signs, all-negative rows, ties (rounded values, a repeated maximum), -0 beside 0, -inf, the padded vocabulary
+  rng = np.random.default_rng(3)
+  logits = (rng.standard_normal((40, 50304)) * rng.uniform(1e-3, 1e3, (40, 1))).astype(dtype)
+  logits[:8] = np.round(logits[:8])
+  logits[8:16] = -np.abs(logits[8:16])
+  logits[16, [7, 40000]] = logits[16].max() + 1
+  logits[17], logits[17, 9] = -0.0, 0.0
+  logits[18], logits[18, 5] = -np.inf, -1e4
+  logits[19], logits[19, 3] = 0.0, -0.0
+  got = spec.best(Tensor(logits))
+  assert got.dtype == dtypes.int32 and got.shape == (40, 1)
+  np.testing.assert_array_equal(got.numpy()[:, 0], logits.argmax(-1))
+  assert spec.best(Tensor(logits[16])).numpy()[0] == 7                                                  # one row, (1,)
+
 @pytest.mark.parametrize("sampling", [spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.7, top_k=5), spec.Sampling(1.3, top_p=0.6),
                                       spec.Sampling(1.0, top_k=7, top_p=0.8)], ids=str)
 def test_padding_the_vocabulary_changes_no_distribution(sampling):
