@@ -57,9 +57,9 @@ def best(logits:Tensor) -> Tensor:
   keys = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32 + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
   return last - (keys.max(-1, keepdim=True) & 0xffffffff).cast(dtypes.int32)
 
-def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, greedy:bool, filtered:bool) -> Tensor:
-  """logits (N, V) -> the distributions (N, V) that tokens are drawn from. Greedy (temperature 0): one-hot on the argmax."""
-  if greedy: return (best(logits) == Tensor.arange(logits.shape[-1])).float().contiguous()
+def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filtered:bool) -> Tensor:
+  """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0. Greedy (temperature 0) warps
+  to one-hot distributions on the argmaxes, which no step builds: it takes best() of the logits instead."""
   probs = (logits / temperature).softmax(-1)
   if filtered:
     probs = probs * keep_largest(probs, lambda kept: kept.sum(-1, keepdim=True) >= top_k)             # top-k
@@ -103,15 +103,16 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
             filtered:bool):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy:
-  p = None, one-hot on the block. Greedy draws nothing: its u and p are never realized, so no kernel computes them."""
-  u = uniform(key, nonce, K, vocab_width(draft.cfg.vocab_size))
+  p = None, one-hot on the block, and nothing is drawn."""
+  u = None if greedy else uniform(key, nonce, K, vocab_width(draft.cfg.vocab_size))
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
-    p = warp(logits, temperature, top_k, top_p, greedy=greedy, filtered=filtered)     # (1, V) p(x | x_1..x_n, x~_1..x~_t)
-    x = best(logits)[:, 0] if greedy else sample(p, u[t:t+1])                       # x~_t+1 ~ p (greedy: p is one-hot on
-    drafted.append(x.realize())                                                     # it); realized, so the next step does
-    ps.append(p)                                                                    # not recompute it
+    if greedy: x = best(logits)[:, 0]                                         # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
+    else:
+      ps.append(warp(logits, temperature, top_k, top_p, filtered=filtered))  # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+      x = sample(ps[-1], u[t:t+1])                                            # x~_t+1 ~ p
+    drafted.append(x.realize())                           # realized, so that the next step does not recompute it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
   # the block realized flat, then viewed as (1, K+1): device_tokens()'s layout, which a verify step captured on either
   # expects (a greedy model draft's p, like prompt lookup's, is one-hot: both use the same compiled step)
@@ -169,7 +170,7 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
     n, token, qx = greedy_verification(q_logits, drafted)
     return packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
-  q = warp(q_logits, temperature, top_k, top_p, greedy=False, filtered=filtered)
+  q = warp(q_logits, temperature, top_k, top_p, filtered=filtered)
   r = uniform(key, nonce, K + V)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs that crashed this step (README, Tests)

@@ -11,9 +11,9 @@ Both checks guard against tinygrad 0.14 code generator bugs that spec.py works a
 without its gate read before a 4-element buffer (the CPU backend crashed when that buffer began a mapping), and a
 kernel whose unused buffer parameter was dropped got its variables numbered by count (on the CPU backend a buffer and
 a variable swapped, a crash on every call; on OpenCL an argument missing). Paths: greedy, sampled, top-k and top-p;
-both verification rules; a model draft and prompt lookup, each K given; and the target alone. Both pairs, as the code generator's choices depend on the shapes: the
-ungated load appeared with the tiny checkpoints' 64-token vocabulary, not with GPT-2's. Prints the path it runs, so
-that a crash shows where. Exit 1 on a failure.
+both verification rules; a model draft and prompt lookup, each K given; and the target alone. Both pairs, as the code
+generator's choices depend on the shapes: the ungated load appeared with the tiny checkpoints' 64-token vocabulary,
+not with GPT-2's. Prints the path it runs, so that a crash shows where. Exit 1 on a failure.
 """
 import argparse, os, pathlib, sys, tempfile
 # read by tinygrad at import: it checks each kernel as it generates its code (a process does that for every kernel it
