@@ -189,6 +189,7 @@ class Drafter(Protocol):
   """Step 1 for the loop: a draft model, prompt lookup or none (the baseline), so that the loop never asks which."""
   kind: str                                        # "model", "ngram" or "" (none), for the statistics
   one_hot: bool                                    # propose() returns p = None: one-hot on the block
+  model: GPT2|None                                 # the draft model, if any: a round's cost depends on it
   def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
@@ -218,7 +219,7 @@ class PromptLookup:
   ngram_max down to ngram_min) and propose the K tokens that followed it. Its distribution is one-hot on the proposal."""
   ngram_max: int = 3
   ngram_min: int = 1
-  kind, one_hot = "ngram", True
+  kind, one_hot, model = "ngram", True, None
   def __post_init__(self):
     if not 1 <= self.ngram_min <= self.ngram_max: raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
   def reset(self, tokens:list[int]): pass
@@ -237,7 +238,7 @@ class PromptLookup:
 
 class NoDraft:
   """The baseline's drafter: it proposes nothing, so every round is one target step, x_n+1 ~ q (K 0)."""
-  kind, one_hot = "", True
+  kind, one_hot, model = "", True, None
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]: return device_tokens(tokens[-1:]), None
@@ -288,7 +289,8 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   target, stats = verifier.target, Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
   lookaheads, t0 = LOOKAHEADS if K == "auto" else (K,), time.perf_counter()
   stats.t_target = time_target_decode(verifier, tokens[0])     # first: it warms the one-token step, which warm_up() checks
-  round_seconds = warm_up(drafter, verifier, lookaheads, tokens[0], measure=K == "auto")
+  warm_up(drafter, verifier, lookaheads, tokens[0])
+  round_seconds = round_costs(drafter, verifier, tokens[0]) if K == "auto" else {}
   stats.time_warmup = time.perf_counter() - t0
   target.prefill(tokens[:-1]); drafter.reset(tokens)
   out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
@@ -363,20 +365,33 @@ def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tenso
   step and then verify(): that step copies its input, and scheduling the copy took 1.7 ms."""
   return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, temperature, top_k, top_p, **static)
 
-def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int, measure:bool) -> dict[int, float]:
+def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
   """Run the JIT-compiled steps of every K until each has run twice, before the prefill, at positions 0 and 1, so that
   what warm-up writes into the caches is overwritten before anything reads it: a round after one new token and after
   two (a draft model's catch-up after a full accept; prompt lookup without and with a match). A step's first call
   captures it, or links a stored one (0.15 s on the shared pair), and its second is still slow: neither belongs in the
-  timed rounds. measure: also the seconds of a round with each K (best of 3), which -K auto starts from."""
-  def round_(context:list[int], k:int) -> Tensor:
-    drafter.reset([token])
-    return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
+  timed rounds."""
   for k in lookaheads:
     for _ in range(2):
       if drafter.warm(k) and verifier.warm(k, drafter.one_hot): break
-      for context in ([token], [token, token]): round_(context, k)
-  return {k: best_seconds(lambda: read(round_([token, token], k), Stats())) for k in lookaheads} if measure else {}
+      for context in ([token], [token, token]): warm_up_round(drafter, verifier, context, k)
+
+def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) -> Tensor:
+  """A round over context ([token] or [token, token]) from position 0, the draft having consumed nothing."""
+  drafter.reset(context[:1])
+  return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
+
+# -K auto's seconds of a round by K, per target (weakly: its entries go with it), then per draft model and choices
+_round_seconds: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
+def round_costs(drafter:Drafter, verifier:Verifier, token:int) -> dict[int, float]:
+  """The seconds of a round with each K of LOOKAHEADS, which -K auto starts from: measured (best of 3, before the
+  prefill, as warm-up) in the first run with this target, draft and structural choices, then kept, and moved by every
+  run's rounds. Measuring in every run cost 12 rounds a call: 0.2-0.25 s on the shared pair, ~6 s on gpt2-xl/gpt2."""
+  draft = None if drafter.model is None else weakref.ref(drafter.model)
+  costs = _round_seconds.setdefault(verifier.target, {}).setdefault((draft, *sorted(verifier.static.items())), {})
+  for k in [k for k in LOOKAHEADS if k not in costs]:
+    costs[k] = best_seconds(lambda: read(warm_up_round(drafter, verifier, [token, token], k), Stats()))
+  return costs
 
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
 def time_target_decode(verifier:Verifier, token:int) -> float:

@@ -156,6 +156,23 @@ def test_the_rounds_call_only_steps_that_warm_up_called_twice(tiny_dir, tmp_path
         in_rounds = [(step.what, at_start[-1][step]) for step in calls if calls[step] > at_start[-1][step]]
         assert in_rounds and all(n >= 2 for _, n in in_rounds), f"{run}: the rounds' steps, called before them: {in_rounds}"
 
+def test_auto_measures_round_costs_once_per_target_draft_and_choices(tiny_dir, monkeypatch):
+  """-K auto starts from a measured cost per K (a round each, best of 3): measured in the first run with a target, draft
+  model (or none) and structural choices, then kept, so that a later run measures nothing (each run measuring anew
+  cost 12 rounds a call); another draft or temperature is measured anew."""
+  measured, best_seconds = [], spec.best_seconds
+  monkeypatch.setattr(spec, "best_seconds", lambda fn, *args: measured.append(fn) or best_seconds(fn, *args))
+  target, draft, other = (load(tiny_dir / name) for name in ("target", "draft", "other"))
+  def measures(draft, T:float) -> int:
+    before = len(measured)
+    speculative_generate(target, draft, [5, 6, 7], "auto", 10, Sampling(T), eos=None)
+    return len(measured) - before
+  n = len(spec.LOOKAHEADS)
+  assert measures(draft, 1.0) == n + 1                       # and the target's decode, once per target (t_target)
+  assert [measures(draft, 1.0), measures(draft, 1.0)] == [0, 0]
+  assert [measures(draft, 0.0), measures(other, 1.0), measures(PromptLookup(), 1.0), measures(PromptLookup(2), 1.0)] == [n, n, n, 0]
+  assert len(spec._round_seconds[target]) == 4 and all(len(costs) == n for costs in spec._round_seconds[target].values())
+
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
   a, b, c = (speculative_generate(docs_target, docs_draft, prompt, 3, 30, s, seed)[0] for seed in (7, 7, 8))
