@@ -34,7 +34,8 @@ class Sampling:
   top_k: int = 0
   top_p: float = 1.0
   def __post_init__(self):
-    if not self.temperature >= 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    # the device divides in float32 (largest 3.40282e38), and an infinite temperature makes the padding's -inf / inf NaN
+    if not 0 <= self.temperature <= 3.4e38: raise ValueError(f"temperature must be in [0, 3.4e38], got {self.temperature}")
     if self.top_k < 0: raise ValueError(f"top-k must be >= 0, got {self.top_k}")
     if not 0 < self.top_p <= 1: raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
   @property
@@ -60,7 +61,9 @@ def best(logits:Tensor) -> Tensor:
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filtered:bool) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0. Greedy (temperature 0) warps
   to one-hot distributions on the argmaxes, which no step builds: it takes best() of the logits instead."""
-  probs = (logits / temperature).softmax(-1)
+  shifted = logits - logits.max(-1, keepdim=True)   # before dividing: logits / temperature overflows below ~1e-37
+  probs = (shifted / temperature).exp()
+  probs = probs / probs.sum(-1, keepdim=True)
   if filtered:
     probs = probs * keep_largest(probs, lambda kept: kept.sum(-1, keepdim=True) >= top_k)             # top-k
     probs = probs * keep_largest(probs, lambda kept: (kept * probs).sum(-1, keepdim=True) >= top_p * probs.sum(-1, keepdim=True))
@@ -271,7 +274,7 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
   draft: a GPT2 or a PromptLookup. K: the lookahead, or "auto" to choose it each round from LOOKAHEADS by measured costs.
   verification: "block" or "token" (RULES). on_token(dict) is called for each emitted token with its id, source, index
   in its round, q(x) and p(x)."""
-  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K, verification)
+  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K, verification, seed)
   key = seed_key(seed)
   drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
   return generate(drafter, Verifier(target, sampling, key, verification), prompt_tokens, K, max_new_tokens, eos, on_token)
@@ -279,7 +282,7 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
 def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
                             seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
   """The baseline: the target alone, one token per pass (rounds that draft nothing), same warps, KV cache and JIT."""
-  check([target], prompt_tokens or [EOT], max_new_tokens, 1)
+  check([target], prompt_tokens or [EOT], max_new_tokens, 1, seed=seed)
   return generate(NoDraft(), Verifier(target, sampling, seed_key(seed), "token"), prompt_tokens, 0, max_new_tokens, eos, on_token)
 
 def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|str, max_new_tokens:int, eos:int|None,
@@ -449,15 +452,16 @@ class Stats:
              "time_other", "theoretical_speedup")
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
-def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block"):
-  """Bad requests fail here, before any work (with no models yet: only K, max_new_tokens and the rule)."""
+def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block", seed:int=0):
+  """Bad requests fail here, before any work (with no models yet: only K, max_new_tokens, the rule and the seed)."""
+  if not 0 <= seed < 2**64: raise ValueError(f"seed must be in [0, 2**64), got {seed}")   # the threefry key's 64 bits
   if K != "auto" and not (isinstance(K, int) and K >= 1): raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
   if verification not in RULES: raise ValueError(f"verification must be {' or '.join(RULES)}, got {verification!r}")
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
   vocabs = {m.cfg.vocab_size for m in models_}
   if len(vocabs) > 1: raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
-  if vocabs and max(prompt_tokens) >= min(vocabs):
-    raise ValueError(f"prompt token {max(prompt_tokens)} is outside the models' vocabulary of {min(vocabs)} (another tokenizer?)")
+  outside = [t for t in prompt_tokens if vocabs and not 0 <= t < min(vocabs)]   # an embedding row that does not exist
+  if outside: raise ValueError(f"prompt token {outside[0]} is outside the models' vocabulary of {min(vocabs)} (another tokenizer?)")
   context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
@@ -537,8 +541,9 @@ def main(argv=None) -> int:
     models.check_device()
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
-    check([], [], args.max_new_tokens, args.lookahead)
+    check([], [], args.max_new_tokens, args.lookahead, seed=args.seed)
     prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
+    trace = open(args.trace, "w") if args.trace else None   # before the models load: a bad path fails at once
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
@@ -549,7 +554,6 @@ def main(argv=None) -> int:
     print(f"spec.py: error: {e}", file=sys.stderr)
     return 2
   common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, eos=None if args.ignore_eos else EOT)
-  trace = open(args.trace, "w") if args.trace else None
   stream = not args.json and trace is None
   color = stream and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
   def on_token(event):

@@ -57,7 +57,12 @@ def test_trace_lines(tmp_path, capsys):
 @pytest.mark.parametrize("args,words", [
   (["-K", "0"], "K (lookahead) must be >= 1"),
   (["-n", "0"], "max new tokens must be >= 1"),
-  (["--temperature", "-1"], "temperature must be >= 0"),
+  (["--temperature", "-1"], "temperature must be in [0, 3.4e38]"),
+  (["--temperature", "inf"], "temperature must be in [0, 3.4e38]"),   # -inf padding / inf is NaN: token 0 every time
+  (["--temperature", "1e39"], "temperature must be in [0, 3.4e38]"),  # inf in float32
+  (["--seed", "-1"], "seed must be in [0, 2**64)"),                   # would share 2**64 - 1's key
+  (["--seed", str(2**64)], "seed must be in [0, 2**64)"),             # would share 0's
+  (["--trace", "./no/such/dir/trace.jsonl"], "No such file or directory"),
   (["--top-k", "-3"], "top-k must be >= 0"),
   (["--top-p", "0"], "top-p must be in (0, 1]"),
   (["--top-p", "1.5"], "top-p must be in (0, 1]"),

@@ -90,6 +90,15 @@ def test_padding_the_vocabulary_changes_no_distribution(sampling):
   assert wide.shape == (3, spec.vocab_width(V)) == (3, 64) and not wide[:, V:].any()
   np.testing.assert_allclose(wide[:, :V], warped(logits), rtol=1e-6, atol=1e-9)
 
+@pytest.mark.parametrize("temperature", [1e-38, 3.4e38])
+def test_extreme_temperatures_warp_to_their_limits(temperature):
+  # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN
+  logits = Tensor(np.random.default_rng(6).standard_normal((3, 50)).astype(np.float32) * 3)
+  warped = spec.warp(spec.padded(logits), *spec.Sampling(temperature).tensors(50), filtered=False).numpy()
+  limit = np.eye(50)[logits.numpy().argmax(-1)] if temperature < 1 else np.full((3, 50), 1 / 50)   # one-hot, uniform
+  assert not warped[:, 50:].any()
+  np.testing.assert_allclose(warped[:, :50], limit, rtol=1e-6, atol=1e-9)
+
 # ***** a whole round on toy conditional tables, under both verification rules *****
 
 def toy_model(V:int, seed:int, sharp:float, temperature:float=1.0):

@@ -1,5 +1,5 @@
 """Speculative generation on real and tiny models: greedy identity, statistics, stopping, round structure, fast path."""
-import collections, math
+import collections, math, re
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
@@ -262,6 +262,15 @@ def test_power_of_the_statistical_test(docs_target, docs_draft, enc):
     power = np.mean([3 * homogeneity_p(list(rng.choice(len(q), n, p=biased)), list(rng.choice(len(q), n, p=q))) < 1e-3
                      for _ in range(200)])
     assert power >= 0.8, f"factor {factor}, {n} samples: power {power}"
+
+@pytest.mark.parametrize("request_,words", [
+  (dict(prompt_tokens=[5, -1]), "prompt token -1 is outside"),   # tinygrad's embedding would give a zero row, silently
+  (dict(prompt_tokens=[64]), "prompt token 64 is outside"),
+  (dict(seed=-1), "seed must be in [0, 2**64)"), (dict(seed=2**64), "seed must be in [0, 2**64)")])
+def test_bad_requests_raise_before_any_work(tiny, request_, words):
+  request_ = {"prompt_tokens": [5], "max_new_tokens": 4, **request_}
+  with pytest.raises(ValueError, match=re.escape(words)): speculative_generate(tiny["target"], tiny["draft"], **request_)
+  with pytest.raises(ValueError, match=re.escape(words)): autoregressive_generate(tiny["target"], **request_)
 
 # ***** prompt lookup (--draft ngram) and -K auto *****
 
