@@ -521,7 +521,7 @@ def parse_args(argv=None):
   ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the target's exact greedy output)")
   ap.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 keeps all")
   ap.add_argument("--top-p", type=float, default=1.0, help="sample only from the smallest set of tokens with this much probability")
-  ap.add_argument("--seed", type=int, default=0, help="random seed; the same seed reproduces a run")
+  ap.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2**64 - 1; the same seed reproduces a run")
   ap.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
   ap.add_argument("--compare", action="store_true", help="run the target alone first, then speculative sampling, and compare")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -542,7 +542,7 @@ def main(argv=None) -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     check([], [], args.max_new_tokens, args.lookahead, seed=args.seed)
-    prompt = open(args.prompt_file).read() if args.prompt_file else args.prompt
+    prompt = open(args.prompt_file, encoding="utf-8").read() if args.prompt_file else args.prompt
     trace = open(args.trace, "w") if args.trace else None   # before the models load: a bad path fails at once
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
@@ -581,4 +581,8 @@ def main(argv=None) -> int:
   return 0
 
 if __name__ == "__main__":
-  sys.exit(main())
+  try: sys.exit(main())
+  except BrokenPipeError:  # the reader went away (spec.py | head): stop without a traceback, as Python's docs advise
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the interpreter's last flush would raise again
+    sys.exit(1)
+  except KeyboardInterrupt: sys.exit(130)  # Ctrl-C: the shell's status for an interrupt, without a traceback
