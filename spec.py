@@ -44,7 +44,8 @@ class Sampling:
     The values themselves go in as Tensors (tensors()), so changing them compiles nothing."""
     return dict(greedy=self.temperature == 0, filtered=self.top_k > 0 or self.top_p < 1)
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
-    return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([self.top_k or vocab_size], dtype=dtypes.int32),
+    # top-k at most the vocabulary: a larger one keeps every token, and past 2**31 it would wrap around in int32
+    return (Tensor([self.temperature], dtype=dtypes.float32), Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32),
             Tensor([self.top_p], dtype=dtypes.float32))
 
 def best(logits:Tensor) -> Tensor:

@@ -99,6 +99,13 @@ def test_extreme_temperatures_warp_to_their_limits(temperature):
   assert not warped[:, 50:].any()
   np.testing.assert_allclose(warped[:, :50], limit, rtol=1e-6, atol=1e-9)
 
+@pytest.mark.parametrize("top_k", [50, 2**31, 3_000_000_000])
+def test_top_k_beyond_the_vocabulary_keeps_every_token(top_k):
+  # the device holds top-k in int32: 3e9 wrapped around to a negative k, NaN distributions and token 0 every time
+  logits = Tensor(np.random.default_rng(7).standard_normal((2, 50)).astype(np.float32) * 3)
+  warped = lambda s: spec.warp(spec.padded(logits), *s.tensors(50), filtered=s.static["filtered"]).numpy()
+  np.testing.assert_allclose(warped(spec.Sampling(1.0, top_k=top_k)), warped(spec.Sampling(1.0)), rtol=1e-6, atol=1e-9)
+
 # ***** a whole round on toy conditional tables, under both verification rules *****
 
 def toy_model(V:int, seed:int, sharp:float, temperature:float=1.0):
