@@ -106,6 +106,13 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token(top_k):
   warped = lambda s: spec.warp(spec.padded(logits), *s.tensors(50), filtered=s.static["filtered"]).numpy()
   np.testing.assert_allclose(warped(spec.Sampling(1.0, top_k=top_k)), warped(spec.Sampling(1.0)), rtol=1e-6, atol=1e-9)
 
+@pytest.mark.parametrize("top_p", [1e-46, 1e-30, 1e-3])
+def test_top_p_below_the_largest_probability_keeps_just_the_most_likely_token(top_p):
+  # the device holds top-p in float32: 1e-46 rounded to 0, which kept no token (NaN distributions, token 0 every time)
+  logits = Tensor(np.random.default_rng(8).standard_normal((2, 50)).astype(np.float32) * 3)
+  warped = lambda s: spec.warp(spec.padded(logits), *s.tensors(50), filtered=s.static["filtered"]).numpy()
+  np.testing.assert_array_equal(warped(spec.Sampling(1.0, top_p=top_p)), warped(spec.Sampling(1.0, top_k=1)))
+
 # ***** a whole round on toy conditional tables, under both verification rules *****
 
 def toy_model(V:int, seed:int, sharp:float, temperature:float=1.0):
