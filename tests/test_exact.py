@@ -90,9 +90,10 @@ def test_padding_the_vocabulary_changes_no_distribution(sampling):
   assert wide.shape == (3, spec.vocab_width(V)) == (3, 64) and not wide[:, V:].any()
   np.testing.assert_allclose(wide[:, :V], warped(logits), rtol=1e-6, atol=1e-9)
 
-@pytest.mark.parametrize("temperature", [1e-38, 3.4e38])
+@pytest.mark.parametrize("temperature", [1e-46, 1e-38, 3.4e38])
 def test_extreme_temperatures_warp_to_their_limits(temperature):
-  # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN
+  # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN;
+  # 1e-46 is 0 in float32, and 0 / 0 is NaN: it goes in as float32's smallest positive number
   logits = Tensor(np.random.default_rng(6).standard_normal((3, 50)).astype(np.float32) * 3)
   warped = spec.warp(spec.padded(logits), *spec.Sampling(temperature).tensors(50), filtered=False).numpy()
   limit = np.eye(50)[logits.numpy().argmax(-1)] if temperature < 1 else np.full((3, 50), 1 / 50)   # one-hot, uniform
