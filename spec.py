@@ -45,11 +45,12 @@ class Sampling:
     return dict(greedy=self.temperature == 0, filtered=self.top_k > 0 or self.top_p < 1)
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
     """The values as the device holds them, each clamped where it would overflow or round to 0 there without changing
-    what it means: temperature and top-p at least float32's smallest positive number (a tinier temperature is the
-    argmax, a tinier top-p keeps the most likely token, as 2**-149 does; rounded to 0 they gave NaN), top-k at most the
-    vocabulary (a larger one keeps every token; past 2**31 it would wrap around in int32)."""
-    return (Tensor([max(self.temperature, 2**-149)], dtype=dtypes.float32),
-            Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32), Tensor([max(self.top_p, 2**-149)], dtype=dtypes.float32))
+    what it means: temperature and top-p at least float32's smallest normal number, 2**-126 (a tinier temperature is
+    the argmax, a tinier top-p keeps the most likely token, as 2**-126 does; 0, a subnormal flushed to 0 or one whose
+    reciprocal is inf gave NaN), top-k at most the vocabulary (a larger one keeps every token; past 2**31 it would wrap
+    around in int32)."""
+    return (Tensor([max(self.temperature, 2**-126)], dtype=dtypes.float32),
+            Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32), Tensor([max(self.top_p, 2**-126)], dtype=dtypes.float32))
 
 def best(logits:Tensor) -> Tensor:
   """(..., 1) each row's argmax, the first of equal maxima: greedy's token and sample()'s race. One max over 64-bit keys,

@@ -90,10 +90,10 @@ def test_padding_the_vocabulary_changes_no_distribution(sampling):
   assert wide.shape == (3, spec.vocab_width(V)) == (3, 64) and not wide[:, V:].any()
   np.testing.assert_allclose(wide[:, :V], warped(logits), rtol=1e-6, atol=1e-9)
 
-@pytest.mark.parametrize("temperature", [1e-46, 1e-38, 3.4e38])
+@pytest.mark.parametrize("temperature", [1e-46, 2**-149, 1e-38, 3.4e38])
 def test_extreme_temperatures_warp_to_their_limits(temperature):
   # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN;
-  # 1e-46 is 0 in float32, and 0 / 0 is NaN: it goes in as float32's smallest positive number
+  # 1e-46 is 0 in float32 (0 / 0: NaN), and 2**-149's reciprocal is inf (pocl: 0 * inf): it goes in as 2**-126
   logits = Tensor(np.random.default_rng(6).standard_normal((3, 50)).astype(np.float32) * 3)
   warped = spec.warp(spec.padded(logits), *spec.Sampling(temperature).tensors(50), filtered=False).numpy()
   limit = np.eye(50)[logits.numpy().argmax(-1)] if temperature < 1 else np.full((3, 50), 1 / 50)   # one-hot, uniform
@@ -107,7 +107,7 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token(top_k):
   warped = lambda s: spec.warp(spec.padded(logits), *s.tensors(50), filtered=s.static["filtered"]).numpy()
   np.testing.assert_allclose(warped(spec.Sampling(1.0, top_k=top_k)), warped(spec.Sampling(1.0)), rtol=1e-6, atol=1e-9)
 
-@pytest.mark.parametrize("top_p", [1e-46, 1e-30, 1e-3])
+@pytest.mark.parametrize("top_p", [1e-46, 2**-149, 1e-30, 1e-3])
 def test_top_p_below_the_largest_probability_keeps_just_the_most_likely_token(top_p):
   # the device holds top-p in float32: 1e-46 rounded to 0, which kept no token (NaN distributions, token 0 every time)
   logits = Tensor(np.random.default_rng(8).standard_normal((2, 50)).astype(np.float32) * 3)
