@@ -90,6 +90,31 @@ def test_padding_the_vocabulary_changes_no_distribution(sampling):
   assert wide.shape == (3, spec.vocab_width(V)) == (3, 64) and not wide[:, V:].any()
   np.testing.assert_allclose(wide[:, :V], warped(logits), rtol=1e-6, atol=1e-9)
 
+def numpy_warp(logits:np.ndarray, temperature:float, top_k:int, top_p:float) -> np.ndarray:
+  """The definition, in float64 with sorts: softmax(logits / T); keep the top_k most likely (ties with the k-th kept);
+  of those, keep the most likely down to the first at which their mass reaches top_p of what top-k kept (ties kept)."""
+  probs = np.exp((logits - logits.max(-1, keepdims=True)) / temperature)
+  probs /= probs.sum(-1, keepdims=True)
+  for row in probs:
+    if top_k: row[row < np.sort(row)[::-1][top_k - 1]] = 0
+    ranked = np.sort(row)[::-1]
+    if top_p < 1: row[row < ranked[np.argmax(np.cumsum(ranked) >= top_p * row.sum())]] = 0
+  return probs / probs.sum(-1, keepdims=True)
+
+@pytest.mark.parametrize("sampling", [spec.Sampling(0.8, top_k=5), spec.Sampling(1.0, top_k=1), spec.Sampling(1.3, top_p=0.6),
+                                      spec.Sampling(1.0, top_p=0.95), spec.Sampling(0.7, top_k=20, top_p=0.5),
+                                      spec.Sampling(1.0, top_k=3, top_p=0.999)], ids=str)
+def test_top_k_and_top_p_keep_what_their_definition_keeps(sampling):
+  # rows of every sharpness, rows of rounded logits (ties at the k-th token and at top-p's threshold), GPT-2's vocabulary
+  rng = np.random.default_rng(9)
+  logits = (rng.standard_normal((6, 50257)) * np.array([[0.5], [2], [4], [8], [1], [3]])).astype(np.float32)
+  logits[4:] = np.round(logits[4:] * 2) / 2
+  got = spec.warp(spec.padded(Tensor(logits)), *sampling.tensors(50257), filtered=True).numpy()
+  want = numpy_warp(logits.astype(np.float64), sampling.temperature, sampling.top_k, sampling.top_p)
+  assert not got[:, 50257:].any()
+  np.testing.assert_array_equal(got[:, :50257] > 0, want > 0)                       # the same tokens kept, ties and all
+  np.testing.assert_allclose(got[:, :50257], want, rtol=1e-4, atol=1e-9)
+
 @pytest.mark.parametrize("temperature", [1e-46, 2**-149, 1e-38, 3.4e38])
 def test_extreme_temperatures_warp_to_their_limits(temperature):
   # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN;
