@@ -70,20 +70,24 @@ def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filte
   probs = (shifted / temperature).exp()
   probs = probs / probs.sum(-1, keepdim=True)
   if filtered:
-    probs = probs * keep_largest(probs, lambda kept: kept.sum(-1, keepdim=True) >= top_k)             # top-k
-    probs = probs * keep_largest(probs, lambda kept: (kept * probs).sum(-1, keepdim=True) >= top_p * probs.sum(-1, keepdim=True))
+    probs = probs * keep_largest(probs, lambda kept: kept.sum(-1) >= top_k)                                     # top-k
+    probs = probs * keep_largest(probs, lambda kept: (kept * probs.unsqueeze(1)).sum(-1) >= top_p * probs.sum(-1, keepdim=True))
     probs = probs / probs.sum(-1, keepdim=True)                                                         # top-p of what top-k kept
   return probs.contiguous()  # materialized: every later step reads it
 
 def keep_largest(probs:Tensor, enough) -> Tensor:
-  """Mask (N, V) of the probabilities >= the largest threshold t for which enough(probs >= t) holds, per row.
-  No sort: bisection on the float32 bit patterns, which order non-negative floats, so t is exact after 31 steps."""
-  bits = probs.float().bitcast(dtypes.int32)
-  lo, hi = Tensor.zeros(probs.shape[0], 1, dtype=dtypes.int32), Tensor.full((probs.shape[0], 1), 0x7f800000, dtype=dtypes.int32)
-  for _ in range(31):
-    mid = lo + (hi - lo + 1) // 2
-    ok = enough((bits >= mid).float())
-    lo, hi = ok.where(mid, lo), ok.where(hi, mid - 1)
+  """Mask (N, V) of the probabilities >= the largest threshold t for which enough(probs >= t) holds, per row; enough
+  takes masks (N, 3, V) and answers (N, 3). No sort: a search over the float32 bit patterns, which order non-negative
+  floats, testing 3 thresholds a step, so that t is exact after 16 steps. Bisection took 31 steps of a few kernels each
+  (a filtered warp 203 kernels, now 143); 15 thresholds a step (8 steps, 78 kernels) compared 5x as much, slower here."""
+  bits, lo = probs.float().bitcast(dtypes.int32), Tensor.zeros(probs.shape[0], 1, dtype=dtypes.int32)
+  hi = Tensor.full((probs.shape[0], 1), 0x7f800000, dtype=dtypes.int32)   # enough(lo) holds, nothing above hi does
+  for _ in range(16):                                                       # 4 ways a step: 2 bits of 31
+    step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
+    mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)            # (N, 3), ascending
+    ok = enough((bits.unsqueeze(1) >= mids.unsqueeze(-1)).float()) & (mids <= hi)   # a prefix of trues: enough is monotone
+    passed = ok.cast(dtypes.int32).sum(-1, keepdim=True)
+    lo, hi = lo + passed * step, (lo + (passed + 1) * step - 1).minimum(hi)
   return (bits >= lo).float()
 
 def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
