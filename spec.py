@@ -66,8 +66,8 @@ def best(logits:Tensor) -> Tensor:
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filtered:bool) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0. Greedy (temperature 0) warps
   to one-hot distributions on the argmaxes, which no step builds: it takes best() of the logits instead."""
-  shifted = logits - logits.max(-1, keepdim=True)   # before dividing: logits / temperature overflows below ~1e-37
-  probs = (shifted / temperature).exp()
+  shifted = logits - logits.max(-1, keepdim=True)   # first: logits / temperature overflows for a tiny temperature
+  probs = (shifted / temperature).exp()             # the softmax, written out: its max is already subtracted
   probs = probs / probs.sum(-1, keepdim=True)
   if filtered:
     probs = probs * keep_largest(probs, lambda kept: kept.sum(-1) >= top_k)                                     # top-k
@@ -469,8 +469,8 @@ def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
   vocabs = {m.cfg.vocab_size for m in models_}
   if len(vocabs) > 1: raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
-  outside = [t for t in prompt_tokens if vocabs and not 0 <= t < min(vocabs)]   # an embedding row that does not exist
-  if outside: raise ValueError(f"prompt token {outside[0]} is outside the models' vocabulary of {min(vocabs)} (another tokenizer?)")
+  if vocabs and (outside := [t for t in prompt_tokens if not 0 <= t < min(vocabs)]):   # no embedding row for them
+    raise ValueError(f"prompt token {outside[0]} is outside the models' vocabulary of {min(vocabs)} (another tokenizer?)")
   context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")

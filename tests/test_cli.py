@@ -54,20 +54,22 @@ def test_trace_lines(tmp_path, capsys):
     assert set(e) == {"id", "text", "source", "index", "q", "p"} and e["source"] in ("accepted", "resampled", "bonus")
     assert 0 < e["q"] <= 1 and (e["p"] is None) == (e["source"] == "bonus")
 
+def streaming(n:int) -> subprocess.Popen:
+  """spec.py generating n tokens of the shared pair as text into a pipe, once its first bytes have arrived."""
+  proc = subprocess.Popen([sys.executable, "spec.py", *pair(), "--prompt", "The Python interpreter", "-n", str(n), "--ignore-eos"],
+                          cwd=ROOT, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  assert proc.stdout.read(30).startswith(b"-" * 20)
+  return proc
+
 def test_a_reader_that_goes_away_ends_the_run_without_a_traceback():
   # spec.py | head: the text streams token by token, and the write after head exits raises BrokenPipeError
-  env = {**os.environ, "NO_COLOR": "1"}
-  proc = subprocess.Popen([sys.executable, "spec.py", *pair(), "--prompt", "The Python interpreter", "-n", "200", "--ignore-eos"],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  assert proc.stdout.read(30).startswith(b"-" * 20)
+  proc = streaming(200)
   proc.stdout.close()
   err = proc.stderr.read().decode()
   assert proc.wait(timeout=300) == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err
 
 def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
-  proc = subprocess.Popen([sys.executable, "spec.py", *pair(), "--prompt", "The Python interpreter", "-n", "400", "--ignore-eos"],
-                          cwd=ROOT, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  assert proc.stdout.read(30).startswith(b"-" * 20)   # generating
+  proc = streaming(400)
   proc.send_signal(signal.SIGINT)
   err = proc.stderr.read().decode()
   assert proc.wait(timeout=300) == 130 and "Traceback" not in err, err

@@ -76,6 +76,10 @@ def test_best_is_the_first_argmax(dtype):
   np.testing.assert_array_equal(got.numpy()[:, 0], logits.argmax(-1))
   assert spec.best(Tensor(logits[16])).numpy()[0] == 7                                                  # one row, (1,)
 
+def warped(logits:Tensor, sampling:spec.Sampling, V:int) -> np.ndarray:
+  """warp() as a round runs it: the values as sampling puts them on the device for a vocabulary of V."""
+  return spec.warp(logits, *sampling.tensors(V), filtered=sampling.static["filtered"]).numpy()
+
 @pytest.mark.parametrize("sampling", [spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.7, top_k=5), spec.Sampling(1.3, top_p=0.6),
                                       spec.Sampling(1.0, top_k=7, top_p=0.8)], ids=str)
 def test_padding_the_vocabulary_changes_no_distribution(sampling):
@@ -85,10 +89,9 @@ def test_padding_the_vocabulary_changes_no_distribution(sampling):
   if sampling.temperature == 0:   # greedy's is one-hot on best(), which no added token wins, even over negative logits
     np.testing.assert_array_equal(spec.best(spec.padded(logits - 20)).numpy(), logits.numpy().argmax(-1, keepdims=True))
     return
-  warped = lambda x: spec.warp(x, *sampling.tensors(V), filtered=sampling.static["filtered"]).numpy()
-  wide = warped(spec.padded(logits))
+  wide = warped(spec.padded(logits), sampling, V)
   assert wide.shape == (3, spec.vocab_width(V)) == (3, 64) and not wide[:, V:].any()
-  np.testing.assert_allclose(wide[:, :V], warped(logits), rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose(wide[:, :V], warped(logits, sampling, V), rtol=1e-6, atol=1e-9)
 
 def numpy_warp(logits:np.ndarray, temperature:float, top_k:int, top_p:float) -> np.ndarray:
   """The definition, in float64 with sorts: softmax(logits / T); keep the top_k most likely (ties with the k-th kept);
@@ -109,7 +112,7 @@ def test_top_k_and_top_p_keep_what_their_definition_keeps(sampling):
   rng = np.random.default_rng(9)
   logits = (rng.standard_normal((6, 50257)) * np.array([[0.5], [2], [4], [8], [1], [3]])).astype(np.float32)
   logits[4:] = np.round(logits[4:] * 2) / 2
-  got = spec.warp(spec.padded(Tensor(logits)), *sampling.tensors(50257), filtered=True).numpy()
+  got = warped(spec.padded(Tensor(logits)), sampling, 50257)
   want = numpy_warp(logits.astype(np.float64), sampling.temperature, sampling.top_k, sampling.top_p)
   assert not got[:, 50257:].any()
   np.testing.assert_array_equal(got[:, :50257] > 0, want > 0)                       # the same tokens kept, ties and all
@@ -120,24 +123,24 @@ def test_extreme_temperatures_warp_to_their_limits(temperature):
   # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN;
   # 1e-46 is 0 in float32 (0 / 0: NaN), and 2**-149's reciprocal is inf (pocl: 0 * inf): it goes in as 2**-126
   logits = Tensor(np.random.default_rng(6).standard_normal((3, 50)).astype(np.float32) * 3)
-  warped = spec.warp(spec.padded(logits), *spec.Sampling(temperature).tensors(50), filtered=False).numpy()
+  got = warped(spec.padded(logits), spec.Sampling(temperature), 50)
   limit = np.eye(50)[logits.numpy().argmax(-1)] if temperature < 1 else np.full((3, 50), 1 / 50)   # one-hot, uniform
-  assert not warped[:, 50:].any()
-  np.testing.assert_allclose(warped[:, :50], limit, rtol=1e-6, atol=1e-9)
+  assert not got[:, 50:].any()
+  np.testing.assert_allclose(got[:, :50], limit, rtol=1e-6, atol=1e-9)
 
 @pytest.mark.parametrize("top_k", [50, 2**31, 3_000_000_000])
 def test_top_k_beyond_the_vocabulary_keeps_every_token(top_k):
   # the device holds top-k in int32: 3e9 wrapped around to a negative k, NaN distributions and token 0 every time
   logits = Tensor(np.random.default_rng(7).standard_normal((2, 50)).astype(np.float32) * 3)
-  warped = lambda s: spec.warp(spec.padded(logits), *s.tensors(50), filtered=s.static["filtered"]).numpy()
-  np.testing.assert_allclose(warped(spec.Sampling(1.0, top_k=top_k)), warped(spec.Sampling(1.0)), rtol=1e-6, atol=1e-9)
+  got, unfiltered = (warped(spec.padded(logits), s, 50) for s in (spec.Sampling(1.0, top_k=top_k), spec.Sampling(1.0)))
+  np.testing.assert_allclose(got, unfiltered, rtol=1e-6, atol=1e-9)
 
 @pytest.mark.parametrize("top_p", [1e-46, 2**-149, 1e-30, 1e-3])
 def test_top_p_below_the_largest_probability_keeps_just_the_most_likely_token(top_p):
   # the device holds top-p in float32: 1e-46 rounded to 0, which kept no token (NaN distributions, token 0 every time)
   logits = Tensor(np.random.default_rng(8).standard_normal((2, 50)).astype(np.float32) * 3)
-  warped = lambda s: spec.warp(spec.padded(logits), *s.tensors(50), filtered=s.static["filtered"]).numpy()
-  np.testing.assert_array_equal(warped(spec.Sampling(1.0, top_p=top_p)), warped(spec.Sampling(1.0, top_k=1)))
+  got, top_1 = (warped(spec.padded(logits), s, 50) for s in (spec.Sampling(1.0, top_p=top_p), spec.Sampling(1.0, top_k=1)))
+  np.testing.assert_array_equal(got, top_1)
 
 # ***** a whole round on toy conditional tables, under both verification rules *****
 
