@@ -39,10 +39,11 @@ class Sampling:
     if self.top_k < 0: raise ValueError(f"top-k must be >= 0, got {self.top_k}")
     if not 0 < self.top_p <= 1: raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
   @property
-  def static(self) -> dict[str, bool]:
-    """The structural choices, compiled separately: greedy (argmax, no random draws) and filtered (top-k/top-p on).
-    The values themselves go in as Tensors (tensors()), so changing them compiles nothing."""
-    return dict(greedy=self.temperature == 0, filtered=self.top_k > 0 or self.top_p < 1)
+  def static(self) -> dict:
+    """The structural choices, compiled separately: greedy (argmax, no random draws) and the filters that are on (each
+    costs a search, warp()). The values themselves go in as Tensors (tensors()), so changing them compiles nothing."""
+    greedy, on = self.temperature == 0, {"top_k": self.top_k > 0, "top_p": self.top_p < 1}
+    return dict(greedy=greedy, filters=() if greedy else tuple(f for f in on if on[f]))   # greedy: no filter changes the argmax
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
     """The values as the device holds them, each clamped where it would overflow or round to 0 there without changing
     what it means: temperature and top-p at least float32's smallest normal number, 2**-126 (a tinier temperature is
@@ -63,32 +64,36 @@ def best(logits:Tensor) -> Tensor:
   keys = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32 + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
   return last - (keys.max(-1, keepdim=True) & 0xffffffff).cast(dtypes.int32)
 
-def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filtered:bool) -> Tensor:
+def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filters:tuple[str, ...]) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0. Greedy (temperature 0) warps
   to one-hot distributions on the argmaxes, which no step builds: it takes best() of the logits instead."""
   shifted = logits - logits.max(-1, keepdim=True)   # first: logits / temperature overflows for a tiny temperature
   probs = (shifted / temperature).exp()             # the softmax, written out: its max is already subtracted
   probs = probs / probs.sum(-1, keepdim=True)
-  if filtered:
-    probs = probs * keep_largest(probs, lambda kept: kept.sum(-1) >= top_k)                                     # top-k
-    probs = probs * keep_largest(probs, lambda kept: (kept * probs.unsqueeze(1)).sum(-1) >= top_p * probs.sum(-1, keepdim=True))
-    probs = probs / probs.sum(-1, keepdim=True)                                                         # top-p of what top-k kept
+  if "top_k" in filters: probs = probs * keep_largest(probs, Tensor.ones_like(probs, dtype=dtypes.int32), top_k)
+  if "top_p" in filters:                                                                              # of what top-k kept
+    mass = (probs * 2**60).cast(dtypes.int64)   # fixed point: summed exactly, in any order (probabilities <= 1, no overflow)
+    probs = probs * keep_largest(probs, mass, top_p * mass.sum(-1, keepdim=True).float())
+  if filters: probs = probs / probs.sum(-1, keepdim=True)
   return probs.contiguous()  # materialized: every later step reads it
 
-def keep_largest(probs:Tensor, enough) -> Tensor:
-  """Mask (N, V) of the probabilities >= the largest threshold t for which enough(probs >= t) holds, per row; enough
-  takes masks (N, 3, V) and answers (N, 3). No sort: a search over the float32 bit patterns, which order non-negative
-  floats, testing 3 thresholds a step, so that t is exact after 16 steps. Bisection took 31 steps of a few kernels each
-  (a filtered warp 203 kernels, now 143); 15 thresholds a step (8 steps, 78 kernels) compared 5x as much, slower here."""
-  bits, lo = probs.float().bitcast(dtypes.int32), Tensor.zeros(probs.shape[0], 1, dtype=dtypes.int32)
-  hi = Tensor.full((probs.shape[0], 1), 0x7f800000, dtype=dtypes.int32)   # enough(lo) holds, nothing above hi does
+def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
+  """Mask (N, V) of the probabilities >= the largest threshold t for which the weight of the probabilities >= t is at
+  least enough, per row: top-k counts them, top-p sums their mass. No sort: a search over the float32 bit patterns, which
+  order non-negative floats, testing 3 thresholds a step, so that t is exact after 16 steps, 2-3 kernels each (bisection
+  took 31; 15 thresholds a step compared 5x as much, slower here). The weights are integers: pocl adds floats one at a
+  time (their order is fixed), integers in vectors, and a 5-row top-p step took 2-3x as long in floats."""
+  bits = probs.float().bitcast(dtypes.int32).contiguous()
+  lohi = Tensor([[0, 0x7f800000]], dtype=dtypes.int32).expand(probs.shape[0], 2)   # lo and hi: one kernel updates both
   for _ in range(16):                                                       # 4 ways a step: 2 bits of 31
+    lo, hi = lohi[:, :1], lohi[:, 1:]                                       # enough at lo, nothing above hi
     step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
     mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)            # (N, 3), ascending
-    ok = enough((bits.unsqueeze(1) >= mids.unsqueeze(-1)).float()) & (mids <= hi)   # a prefix of trues: enough is monotone
+    above = (bits.unsqueeze(1) >= mids.unsqueeze(-1)).where(weight.unsqueeze(1), 0)   # (N, 3, V)
+    ok = (above.sum(-1) >= enough) & (mids <= hi)                           # a prefix of trues: the weight is monotone
     passed = ok.cast(dtypes.int32).sum(-1, keepdim=True)
-    lo, hi = lo + passed * step, (lo + (passed + 1) * step - 1).minimum(hi)
-  return (bits >= lo).float()
+    lohi = (lo + (passed + Tensor.arange(2, dtype=dtypes.int32)) * step - Tensor.arange(2, dtype=dtypes.int32)).minimum(hi)
+  return (bits >= lohi[:, :1]).float()
 
 def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
   """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1."""
@@ -112,7 +117,7 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
   return diff / diff.sum(-1, keepdim=True)
 
 def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool,
-            filtered:bool):
+            filters:tuple[str, ...]):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy:
   p = None, one-hot on the block, and nothing is drawn."""
@@ -122,7 +127,7 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
     logits = padded(draft.forward(tokens, pos)[-1:])
     if greedy: x = best(logits)[:, 0]                                         # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
     else:
-      ps.append(warp(logits, temperature, top_k, top_p, filtered=filtered))  # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+      ps.append(warp(logits, temperature, top_k, top_p, filters=filters))  # (1, V) p(x | x_1..x_n, x~_1..x~_t)
       x = sample(ps[-1], u[t:t+1])                                            # x~_t+1 ~ p
     drafted.append(x.realize())                           # realized, so that the next step does not recompute it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
@@ -172,7 +177,7 @@ def greedy_verification(q_logits:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor
   return n, target_best[n], agree.float()
 
 def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool,
-           filtered:bool, rule:str, one_hot:bool=False):
+           filters:tuple[str, ...], rule:str, one_hot:bool=False):
   """Step 3, modified rejection sampling by a rule of RULES. q_logits (K+1, V) from the target's pass over block =
   [x_n, x~_1..x~_K], p (K, V); one_hot (a deterministic draft: prompt lookup, or none): p = None, as it is one-hot on each
   x~_t; greedy: p unused (greedy_verification()). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K),
@@ -182,7 +187,7 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
     n, token, qx = greedy_verification(q_logits, drafted)
     return packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
-  q = warp(q_logits, temperature, top_k, top_p, filtered=filtered)
+  q = warp(q_logits, temperature, top_k, top_p, filters=filters)
   r = uniform(key, nonce, K + V)
   p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
   # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs that crashed this step (README, Tests)

@@ -78,7 +78,7 @@ def test_best_is_the_first_argmax(dtype):
 
 def warped(logits:Tensor, sampling:spec.Sampling, V:int) -> np.ndarray:
   """warp() as a round runs it: the values as sampling puts them on the device for a vocabulary of V."""
-  return spec.warp(logits, *sampling.tensors(V), filtered=sampling.static["filtered"]).numpy()
+  return spec.warp(logits, *sampling.tensors(V), filters=sampling.static["filters"]).numpy()
 
 @pytest.mark.parametrize("sampling", [spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.7, top_k=5), spec.Sampling(1.3, top_p=0.6),
                                       spec.Sampling(1.0, top_k=7, top_p=0.8)], ids=str)
