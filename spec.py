@@ -549,6 +549,12 @@ def parse_args(argv=None):
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
   return ap.parse_args(argv)
 
+def read_prompt(path:str) -> str:
+  """The prompt file as UTF-8 text, whatever the locale; anything else is an error that names the file."""
+  with open(path, "rb") as f: data = f.read()
+  try: return data.decode("utf-8")
+  except UnicodeDecodeError as e: raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   try:
@@ -556,7 +562,7 @@ def main(argv=None) -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     check([], [], args.max_new_tokens, args.lookahead, seed=args.seed)
-    prompt = open(args.prompt_file, encoding="utf-8").read() if args.prompt_file else args.prompt
+    prompt = read_prompt(args.prompt_file) if args.prompt_file else args.prompt
     trace = open(args.trace, "w") if args.trace else None   # before the models load: a bad path fails at once
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()

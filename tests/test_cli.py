@@ -99,6 +99,15 @@ def test_bad_input_one_line_exit_2(args, words, capsys):
   code, _, err = run(["--prompt", "x"] + args, capsys)
   assert code == 2 and err.count("\n") == 1 and words in err, err
 
+def test_prompt_files(tmp_path, capsys):
+  (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+  code, _, err = run(["--prompt-file", str(tmp_path / "latin1.txt")], capsys)
+  assert code == 2 and err.count("\n") == 1 and f"prompt file {tmp_path / 'latin1.txt'} is not UTF-8 text (byte 3" in err, err
+  code, _, err = run(["--prompt-file", str(tmp_path / "missing.txt")], capsys)
+  assert code == 2 and err.count("\n") == 1 and "No such file or directory" in err and "missing.txt" in err, err
+  (tmp_path / "utf8.txt").write_text("The café's menu", encoding="utf-8")
+  assert spec.read_prompt(str(tmp_path / "utf8.txt")) == "The café's menu"
+
 def test_prompt_too_long(capsys):
   code, _, err = run(pair() + ["--prompt", "word " * 600], capsys)
   assert code == 2 and err.count("\n") == 1 and "exceeds the context of 512" in err
