@@ -10,7 +10,7 @@ slots 0..n-1, each once.
 Both checks guard against tinygrad 0.14 code generator bugs that spec.py works around (README, Tests): a load left
 without its gate read before a 4-element buffer (the CPU backend crashed when that buffer began a mapping), and a
 kernel whose unused buffer parameter was dropped got its variables numbered by count (on the CPU backend a buffer and
-a variable swapped, a crash on every call; on OpenCL an argument missing). Paths: greedy, sampled, top-k and top-p;
+a variable swapped, a crash on every call; on OpenCL an argument missing). Paths: greedy, sampled, top-k, top-p and both;
 both verification rules; a model draft and prompt lookup, each K given; and the target alone. Both pairs, as the code
 generator's choices depend on the shapes: the ungated load appeared with the tiny checkpoints' 64-token vocabulary,
 not with GPT-2's. Prints the path it runs, so that a crash shows where. Exit 1 on a failure.
@@ -35,7 +35,8 @@ def misnumbered(program) -> bool:
 
 def paths(target:models.GPT2, draft:models.GPT2, lookaheads:list[int]):
   """(what, run) for each path: the target alone, then every K x rule x drafter, each in every sampling."""
-  samplings = [spec.Sampling(), spec.Sampling(temperature=1.0), spec.Sampling(temperature=0.8, top_k=5, top_p=0.9)]
+  samplings = [spec.Sampling(), spec.Sampling(temperature=1.0), spec.Sampling(temperature=0.8, top_k=5, top_p=0.9),
+               spec.Sampling(temperature=0.8, top_k=5), spec.Sampling(temperature=0.8, top_p=0.9)]   # each filter's own kernels
   prompt = [5, 9, 2, 5, 9]   # repeats: prompt lookup finds a match
   for s in samplings: yield f"target alone, {s}", lambda s=s: spec.autoregressive_generate(target, prompt, 3, s, eos=None)
   for K in lookaheads:
