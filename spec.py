@@ -84,7 +84,8 @@ def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
   took 31; 15 thresholds a step compared 5x as much, slower here). The weights are integers: pocl adds floats one at a
   time (their order is fixed), integers in vectors, and a 5-row top-p step took 2-3x as long in floats."""
   bits = probs.float().bitcast(dtypes.int32).contiguous()
-  lohi = Tensor([[0, 0x7f800000]], dtype=dtypes.int32).expand(probs.shape[0], 2)   # lo and hi: one kernel updates both
+  ends = Tensor.arange(2, dtype=dtypes.int32)                               # made on the device: no copy from the host
+  lohi = (ends * 0x7f800000).reshape(1, 2).expand(probs.shape[0], 2)      # lo and hi: one kernel updates both
   for _ in range(16):                                                       # 4 ways a step: 2 bits of 31
     lo, hi = lohi[:, :1], lohi[:, 1:]                                       # enough at lo, nothing above hi
     step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
@@ -92,7 +93,7 @@ def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
     above = (bits.unsqueeze(1) >= mids.unsqueeze(-1)).where(weight.unsqueeze(1), 0)   # (N, 3, V)
     ok = (above.sum(-1) >= enough) & (mids <= hi)                           # a prefix of trues: the weight is monotone
     passed = ok.cast(dtypes.int32).sum(-1, keepdim=True)
-    lohi = (lo + (passed + Tensor.arange(2, dtype=dtypes.int32)) * step - Tensor.arange(2, dtype=dtypes.int32)).minimum(hi)
+    lohi = (lo + (passed + ends) * step - ends).minimum(hi)                 # [lo + passed step, lo + (passed + 1) step - 1]
   return (bits >= lohi[:, :1]).float()
 
 def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
