@@ -80,13 +80,15 @@ def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filte
 def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
   """Mask (N, V) of the probabilities >= the largest threshold t for which the weight of the probabilities >= t is at
   least enough, per row: top-k counts them, top-p sums their mass. No sort: a search over the float32 bit patterns, which
-  order non-negative floats, testing 3 thresholds a step, so that t is exact after 16 steps, 2-3 kernels each (bisection
+  order non-negative floats, testing 3 thresholds a step, so that t is exact after 15 steps, 2-3 kernels each (bisection
   took 31; 15 thresholds a step compared 5x as much, slower here). The weights are integers: pocl adds floats one at a
   time (their order is fixed), integers in vectors, and a 5-row top-p step took 2-3x as long in floats."""
   bits = probs.float().bitcast(dtypes.int32).contiguous()
   ends = Tensor.arange(2, dtype=dtypes.int32)                               # made on the device: no copy from the host
-  lohi = (ends * 0x7f800000).reshape(1, 2).expand(probs.shape[0], 2)      # lo and hi: one kernel updates both
-  for _ in range(16):                                                       # 4 ways a step: 2 bits of 31
+  # lo and hi in one tensor, so that one kernel updates both: [0, the largest], as no threshold above the largest
+  # probability has any weight. Materialized, so that every step is the same kernels: compiled once, not twice
+  lohi = (ends * bits.max(-1, keepdim=True)).contiguous()
+  for _ in range(15):                                                       # 4 ways a step: 2 bits of 30 (probs <= 1.0)
     lo, hi = lohi[:, :1], lohi[:, 1:]                                       # enough at lo, nothing above hi
     step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
     mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)            # (N, 3), ascending

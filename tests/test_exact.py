@@ -118,6 +118,35 @@ def test_top_k_and_top_p_keep_what_their_definition_keeps(sampling):
   np.testing.assert_array_equal(got[:, :50257] > 0, want > 0)                       # the same tokens kept, ties and all
   np.testing.assert_allclose(got[:, :50257], want, rtol=1e-4, atol=1e-9)
 
+def test_keep_largest_finds_each_threshold_to_the_last_bit():
+  # the search ends on the threshold itself, not near it: each row puts probabilities 1 and 2 float32 steps (ulps) below
+  # the one that decides, which a search stopped short keeps too (13 steps of 15 did); rows whose largest probability is
+  # 1.0 (the search's upper end) or whose k-th is tiny, a k past the tokens with any probability, a near-tie at the top
+  rng, V = np.random.default_rng(11), 50304
+  probs = rng.random((7, V)) ** np.array([[8], [2], [30], [200], [1], [1], [1]])
+  probs[4], probs[4, 17] = 0.0, 1.0
+  probs[5, 100:] = 0.0
+  probs[6], probs[6, [3, 4]] = 0.0, [1.0, 1.0]
+  probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)   # distributions, as warp() searches them
+  probs[6, 4] = np.nextafter(probs[6, 3], np.float32(0))              # the largest, then 1 ulp below it
+  ks = np.array([5, 40, 1000, 3, 1, 200, 1])   # row 5: 100 tokens, all of them kept
+  for r, k in enumerate(ks[:4]):
+    x = np.sort(probs[r])[::-1][k - 1]
+    probs[r, rng.choice(V, 6, replace=False)] = [np.nextafter(x, np.float32(0)), np.nextafter(np.nextafter(x, np.float32(0)), np.float32(0))] * 3
+  ranked = np.sort(probs, -1)[:, ::-1]
+  for r, k in enumerate(ks):   # top-k: weight 1 per token
+    got = spec.keep_largest(Tensor(probs[r:r+1]), Tensor.ones(1, V, dtype=dtypes.int32).contiguous(), Tensor([int(k)], dtype=dtypes.int32))
+    np.testing.assert_array_equal(got.numpy()[0] > 0, probs[r] >= ranked[r, min(k, V) - 1], err_msg=f"row {r}, k {k}")
+  # top-p: weight the mass in warp()'s fixed point; enough is a fraction of the row's mass; the reference walks the ranks
+  mass = (probs.astype(np.float64) * 2**60).astype(np.int64)
+  for r, top_p in enumerate([0.5, 0.9, 0.3, 0.99, 0.7, 1.0, 0.4]):
+    enough = np.float32(top_p) * np.float32(mass[r].sum())
+    order = np.argsort(-probs[r], kind="stable")
+    cum = np.cumsum(mass[r][order])
+    t = probs[r][order][np.argmax(cum.astype(np.float32) >= enough)]
+    got = spec.keep_largest(Tensor(probs[r:r+1]), Tensor(mass[r:r+1]), Tensor([[enough]], dtype=dtypes.float32))
+    np.testing.assert_array_equal(got.numpy()[0] > 0, probs[r] >= t, err_msg=f"row {r}, top-p {top_p}")
+
 @pytest.mark.parametrize("temperature", [1e-46, 2**-149, 1e-38, 3.4e38])
 def test_extreme_temperatures_warp_to_their_limits(temperature):
   # the largest logit is subtracted before dividing: logits / 1e-38 overflow float32 to inf, and inf - inf is NaN;
