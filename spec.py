@@ -559,14 +559,15 @@ def read_prompt(path:str) -> str:
   except UnicodeDecodeError as e: raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
+  args, trace = parse_args(argv), None
   try:
     models.check_device()
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     check([], [], args.max_new_tokens, args.lookahead, seed=args.seed)
     prompt = read_prompt(args.prompt_file) if args.prompt_file else args.prompt
-    trace = open(args.trace, "w") if args.trace else None   # before the models load: a bad path fails at once
+    if args.trace:   # opened before the models load, so that a bad path fails at once; appending, so that a start
+      new_trace, trace = not os.path.exists(args.trace), open(args.trace, "a")   # that fails later leaves the file as it was
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
@@ -574,8 +575,12 @@ def main(argv=None) -> int:
     if args.draft != "ngram": draft = models.load(args.draft, args.dtype, args.dummy_weights, args.search)
     check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
+    if trace:
+      trace.close()
+      if new_trace: os.remove(args.trace)
     print(f"spec.py: error: {e}", file=sys.stderr)
     return 2
+  if trace and trace.seekable(): trace.truncate(0)   # the run starts: it replaces what the file held (not a pipe's)
   common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, eos=None if args.ignore_eos else EOT)
   stream = not args.json and trace is None
   color = stream and sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -47,6 +47,7 @@ def test_prompt_lookup_with_auto_lookahead(capsys):
 @pytest.mark.backend
 def test_trace_lines(tmp_path, capsys):
   trace = tmp_path / "trace.jsonl"
+  trace.write_text("an earlier run's trace\n" * 20)   # replaced
   code, _, _ = run(pair() + ["--prompt", "The standard library", "-n", "10", "--temperature", "1", "--trace", str(trace)], capsys)
   lines = [json.loads(l) for l in trace.read_text().splitlines()]
   assert code == 0 and len(lines) == 10
@@ -98,6 +99,14 @@ def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
 def test_bad_input_one_line_exit_2(args, words, capsys):
   code, _, err = run(["--prompt", "x"] + args, capsys)
   assert code == 2 and err.count("\n") == 1 and words in err, err
+
+def test_a_failed_start_leaves_the_trace_file_as_it_was(tmp_path, capsys):
+  old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+  old.write_text("an earlier run's trace\n")
+  for trace in (old, new):
+    code, _, err = run(["--prompt", "x", "--target", "gpt5", "--trace", str(trace)], capsys)
+    assert code == 2 and "unknown model 'gpt5'" in err, err
+  assert old.read_text() == "an earlier run's trace\n" and not new.exists()
 
 def test_prompt_files(tmp_path, capsys):
   (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
