@@ -68,7 +68,9 @@ def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filte
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0. Greedy (temperature 0) warps
   to one-hot distributions on the argmaxes, which no step builds: it takes best() of the logits instead."""
   shifted = logits - logits.max(-1, keepdim=True)   # first: logits / temperature overflows for a tiny temperature
-  probs = (shifted / temperature).exp()             # the softmax, written out: its max is already subtracted
+  # the softmax, written out (its max is already subtracted); the exponentials materialized, as the sum's kernel and the
+  # division's each computed them again (5 rows: pocl 2.3 -> 1.7 ms, CPU backend 1.9 -> 0.6)
+  probs = (shifted / temperature).exp().contiguous()
   probs = probs / probs.sum(-1, keepdim=True)
   if "top_k" in filters: probs = probs * keep_largest(probs, Tensor.ones_like(probs, dtype=dtypes.int32), top_k)
   if "top_p" in filters:                                                                              # of what top-k kept
