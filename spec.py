@@ -378,8 +378,8 @@ class Verifier:
     step = self.step(block.shape[1], p is None)
     return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
   def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
-  def warm(self, K:int, one_hot:bool) -> bool:  # a one-hot draft also has rounds without a proposal
-    return all(self.step(k + 1, one_hot).warm for k in ((0, K) if one_hot else (K,)))
+  def warm(self, K:int, one_hot:bool, empty_rounds:bool=False) -> bool:  # empty_rounds: some propose nothing (prompt lookup)
+    return all(self.step(k + 1, one_hot).warm for k in ((0, K) if empty_rounds else (K,)))
 
 def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p,
                   **static) -> Tensor:
@@ -395,7 +395,7 @@ def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
   timed rounds."""
   for k in lookaheads:
     for _ in range(2):
-      if drafter.warm(k) and verifier.warm(k, drafter.one_hot): break
+      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, empty_rounds=drafter.model is None): break   # no draft model
       for context in ([token], [token, token]): warm_up_round(drafter, verifier, context, k)
 
 def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) -> Tensor:

@@ -162,6 +162,21 @@ def test_the_rounds_call_only_steps_that_warm_up_called_twice(tiny_dir, tmp_path
         in_rounds = [(step.what, at_start[-1][step]) for step in calls if calls[step] > at_start[-1][step]]
         assert in_rounds and all(n >= 2 for _, n in in_rounds), f"{run}: the rounds' steps, called before them: {in_rounds}"
 
+def test_a_generation_whose_steps_are_warm_runs_no_warm_up_round(tiny_dir, monkeypatch):
+  """Warm-up runs rounds until every step the generation uses has run twice, and none once they have. A greedy draft
+  model is one-hot like prompt lookup but always proposes K: warm-up waited for a one-token verify step of its rule
+  that only the target's decode timing runs, so after a target-alone run (the token rule) it never came, and every
+  later generation ran 4 warm-up rounds (gpt2-xl: ~0.4 s each)."""
+  target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
+  rounds, warm_up_round = [], spec.warm_up_round
+  monkeypatch.setattr(spec, "warm_up_round", lambda *args: rounds.append(args[3]) or warm_up_round(*args))
+  generations = [lambda: autoregressive_generate(target, [5, 6, 7], 5, eos=None)]
+  generations += [lambda s=s: speculative_generate(target, draft, [5, 6, 7], 2, 5, s, eos=None) for s in (Sampling(), Sampling(1.0))]
+  for generate in generations: generate()
+  rounds.clear()
+  for generate in generations: generate()
+  assert rounds == [], f"warm-up rounds (K) of generations whose steps are warm: {rounds}"
+
 def test_auto_measures_round_costs_once_per_target_draft_and_choices(tiny_dir, monkeypatch):
   """-K auto starts from a measured cost per K (a round each, best of 3): measured in the first run with a target, draft
   model (or none) and structural choices, then kept, so that a later run measures nothing (each run measuring anew
