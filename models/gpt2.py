@@ -6,7 +6,7 @@ caller passes next; rolling back r tokens is calling with a start position r sma
 recomputed: the stale entries are overwritten before anything reads them).
 """
 from __future__ import annotations
-import contextlib, functools, hashlib, importlib.metadata, inspect, json, math, os, pathlib, pickle, sys, threading, time, weakref
+import contextlib, dataclasses, functools, hashlib, importlib.metadata, inspect, json, math, os, pathlib, pickle, sys, threading, time, weakref
 from dataclasses import dataclass
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.dtype import DType
@@ -14,6 +14,7 @@ from models import attention, hub, norm, replay
 from models.linear import Linear, choose, half_pays, linear
 from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
 from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
+from tinygrad.uop.ops import Ops
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -205,6 +206,16 @@ class _StatePickler(pickle.Pickler):
 class _StateUnpickler(pickle.Unpickler):
   def __init__(self, f, uops:dict[str, UOp]): super().__init__(f); self.uops = uops
   def persistent_load(self, name): return self.uops[name]
+  def find_class(self, module, name):
+    found = super().find_class(module, name)
+    return _renumbered if found is UOp else found
+
+def _renumbered(op, dtype=None, src=(), arg=None, tag=None, metadata=None, *buffer) -> UOp:
+  """A stored step's own buffers (its intermediates) numbered anew in this process. tinygrad interns UOps by their
+  fields, a buffer's number among them: with the storing process's numbers, a loaded step's buffer was whichever live
+  buffer of this process had that number and size (another model's weights, a step captured later), and both wrote it."""
+  if op is Ops.BUFFER and arg.device is not None: arg = dataclasses.replace(arg, slot=next(UOp.unique_num))
+  return UOp(op, dtype, src, arg, tag, metadata, *buffer)
 
 def step_file(model:GPT2, fn, key:tuple) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache (CACHEDB),

@@ -1,0 +1,122 @@
+"""Stored steps: a step loaded from the store computes what a fresh capture computes, in any process, beside any other."""
+import json, os, subprocess, sys
+import numpy as np
+import pytest
+from tinygrad.uop.ops import Ops
+import models, spec
+from models import gpt2
+import conftest
+from conftest import ROOT, TINY, load, random_weights, write_checkpoint
+
+pytestmark = pytest.mark.backend
+
+# one process of a sequence sharing a store: its generations' tokens and accepted counts, as JSON
+RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import models, spec
+target, draft = (models.load(path, sys.argv[2]) for path in sys.argv[3:5])
+out = []
+for K in json.loads(sys.argv[5]):
+  for sampling in (spec.Sampling(0.0), spec.Sampling(1.0)):
+    tokens, stats = spec.speculative_generate(target, draft, [5, 6, 7], K, 30, sampling, seed=1, eos=None)
+    out.append([tokens, stats.accepted])
+print(json.dumps(out))
+"""
+
+def generations(target, draft, Ks) -> list:
+  """RUN's generations in this process, every step captured afresh: what each process of a sequence must give."""
+  target, draft = load(target), load(draft)
+  return [[tokens, stats.accepted] for K in Ks for sampling in (spec.Sampling(0.0), spec.Sampling(1.0))
+          for tokens, stats in [spec.speculative_generate(target, draft, [5, 6, 7], K, 30, sampling, seed=1, eos=None)]]
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  """tiny_dir's kind of pair, and a deeper target and draft of the same width: another model's buffers, in more numbers."""
+  root = tmp_path_factory.mktemp("store")
+  deep = dict(TINY, n_layer=8)
+  for name, cfg, seed in (("target", TINY, 1), ("draft", TINY, 2), ("deep", deep, 4), ("deep-draft", deep, 5)):
+    write_checkpoint(root / name, cfg, random_weights(cfg, seed))
+  return root
+
+def test_stored_and_captured_steps_mix_in_a_process(checkpoints, tmp_path, monkeypatch):
+  """Issue 36 on small models: processes that share a store, each loading some steps another stored and capturing the
+  rest, emit what processes capturing everything emit (greedy and T 1, tokens and accepted counts). A loaded step's
+  intermediate buffers kept the storing process's numbers, and tinygrad interns buffers by number and size: they were
+  this process's buffers of that number, another model's weights among them, so the draft proposed garbage and the
+  target's weights were overwritten. The second process loads the draft's K 4 steps and captures its K 2 ones and every
+  verify step of a deeper target; the third loads the target's verify steps and captures a deeper draft's."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")
+  sequence = [("target", "draft", [4]), ("deep", "draft", [4, 2]), ("target", "deep-draft", [4])]
+  expected = [generations(checkpoints / t, checkpoints / d, Ks) for t, d, Ks in sequence]
+  for t, d, Ks in sequence:
+    run = subprocess.run([sys.executable, "-c", RUN, str(ROOT), conftest.DTYPE, str(checkpoints / t), str(checkpoints / d),
+                          json.dumps(Ks)], env={**os.environ, "SPEC_STEP_CACHE": str(tmp_path)},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout) == expected[sequence.index((t, d, Ks))], f"{t} with {d}, K {Ks}, after the earlier processes"
+
+def step_buffers(step) -> set:
+  """The BUFFER UOps a captured step's kernels read and write."""
+  return {u for call in step.captured.linear.src for u in call.toposort() if u.op is Ops.BUFFER and u.arg.device is not None}
+
+KINDS = {  # a step of each kind a generation runs: (model, drafter of it), how to run one round of it
+  "draft greedy": (spec.Sampling(0.0), "draft"), "draft T 0.8 top-k top-p": (spec.Sampling(0.8, 20, 0.9), "draft"),
+  "verify greedy": (spec.Sampling(0.0), "verify"), "verify T 1 block": (spec.Sampling(1.0), "verify"),
+  "verify T 1 token, one-hot draft": (spec.Sampling(1.0), "token"), "decode": (None, "decode"), "prefill": (None, "prefill")}
+
+def run_step(model, kind:str, key):
+  """One call of the step of this kind on model, from the same inputs and state; its outputs and the step."""
+  sampling, what = KINDS[kind]
+  model.prefill([5, 6, 7, 8])
+  if what == "prefill": return model(list(range(9, 17)), 4, step=False).numpy(), model.jit(model.forward, 8, step=False)
+  if what == "decode": return model([9], 4).numpy(), model.jit(model.forward, 1)
+  if what == "draft":
+    drafter = spec.ModelDraft(model, sampling, key)
+    drafter.fed = 4
+    block, p = drafter.propose([5, 6, 7, 8, 9], 3, nonce=4)
+    return [block.numpy()] + ([] if p is None else [p.numpy()]), model.jit(spec.propose, 1, K=3, **sampling.static)
+  verifier = spec.Verifier(model, sampling, key, "token" if what == "token" else "block")
+  one_hot = what == "token" or sampling.temperature == 0
+  p = None if one_hot else spec.warp(spec.padded(model.forward(models.device_tokens([9, 10, 11]), 4)), *sampling.tensors(64),
+                                     filters=()).realize()
+  result = verifier(models.device_tokens([9, 10, 11, 12]), p, 4, nonce=5)
+  return result.numpy(), verifier.step(4, one_hot)
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_loaded_step_owns_its_buffers_and_computes_what_a_capture_does(tiny_dir, tmp_path, monkeypatch, kind):
+  """A step loaded while the step that stored it still lives (so that its stored buffer numbers are live ones here, as in
+  any later process where other buffers took those numbers) shares no buffer with it but the model's weights and KV
+  cache, and given the same inputs and state its outputs equal a fresh capture's bit for bit."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
+  key = spec.seed_key(3)
+  storing = load(tiny_dir / "target")
+  stored, storing_step = run_step(storing, kind, key)
+  assert storing_step.path.is_file() and storing_step.captured is not None
+  loading = load(tiny_dir / "target")
+  loaded, loaded_step = run_step(loading, kind, key)
+  assert loaded_step.calls == 1 and loaded_step.fn is not storing_step.fn and loaded_step.captured is not None
+  state = set(gpt2.state_uops(storing).values()) | set(gpt2.state_uops(loading).values())
+  shared = (step_buffers(loaded_step) & step_buffers(storing_step)) - state
+  assert not shared, f"{kind}: a loaded step shares {len(shared)} buffers with the step that stored it"
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")
+  fresh, fresh_step = run_step(load(tiny_dir / "target"), kind, key)
+  assert fresh_step.path is None
+  for a, b, c in zip(*(x if isinstance(x, list) else [x] for x in (stored, loaded, fresh))):
+    np.testing.assert_array_equal(b, c), np.testing.assert_array_equal(a, c)
+
+def test_a_draft_equal_to_its_target_accepts_everything_from_stored_steps(tiny_dir, tmp_path, monkeypatch):
+  """Every drafted token is kept when the draft is the target, also when both models' steps come from the store (stored
+  by another process): a loaded draft step that computes anything else shows as a rejection."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
+  target = str(tiny_dir / "target")
+  store = subprocess.run([sys.executable, "-c", RUN, str(ROOT), conftest.DTYPE, target, target, "[4]"],
+                         capture_output=True, text=True)
+  assert store.returncode == 0, store.stderr[-2000:]
+  saved = []
+  monkeypatch.setattr(gpt2.Step, "save", lambda self: saved.append(self.what))
+  twin, draft = load(target), load(target)
+  for sampling in (spec.Sampling(0.0), spec.Sampling(1.0)):
+    _, stats = spec.speculative_generate(twin, draft, [5, 6, 7], 4, 30, sampling, seed=1, eos=None)
+    assert stats.acceptance_rate == 1.0, (sampling, stats.accepted, stats.drafted)
+  assert saved == [], f"captured, not loaded: {saved}"
