@@ -3,28 +3,25 @@
 Sampling", Algorithm 2) with a small draft GPT-2 and a large target GPT-2 on tinygrad.
 
 Notation as in the paper: p is the draft's distribution, q the target's, K the lookahead, n the length of the
-sequence so far. One round (generate()'s loop):
-  1. the draft samples x~_1..x~_K autoregressively, x~_t ~ p(x | x_1..x_n, x~_1..x~_t-1)        propose()
-  2. the target computes q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K) in one forward pass   Verifier
+sequence so far. One round (generate()):
+  1. the draft samples x~_1..x~_K autoregressively, x~_t ~ p(x | x_1..x_n, x~_1..x~_t-1)            propose()
+  2. the target computes q(x | x_1..x_n), ..., q(x | x_1..x_n, x~_1..x~_K) in one forward pass       target_verify()
   3. token by token: keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)), r_t ~ U[0, 1); at the first
-     rejection draw x ~ norm(max(0, q - p)); if all K are kept draw a bonus x ~ q_K+1       token_verification()
-     or, by default, judge the block as a whole (Sun et al. 2025, block verification)     block_verification()
+     rejection draw x ~ norm(max(0, q - p)); if all K are kept draw a bonus x ~ q_K+1            token_verification()
+     or, by default, judge the block as a whole (Sun et al. 2025, block verification)         block_verification()
 Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token). A round runs
-on the device; the host reads one small vector per round. The same verifier serves PromptLookup, which drafts by copying
-from the context (p one-hot on its proposal), and the baseline, which drafts nothing; K="auto" chooses K each round by
-the measured cost of a round and the running acceptance rate.
-The file reads top to bottom: the algorithm, the drafters, the round loop, tinygrad plumbing, the command line.
+on the device and the host reads one small vector per round.
+Sections: the algorithm, the drafters and the verifier, the round loop, the plumbing, the command line.
 """
 from __future__ import annotations
 import argparse, codecs, json, math, os, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, UOp, dtypes
+from tinygrad import Tensor, TinyJit, UOp, Device, dtypes
 import models
-from models import EOT, GPT2, device_tokens, vocab_width
-from models.linear import best_seconds, synchronize   # timing: the device synchronized around the call
+from models import EOT, GPT2, vocab_width
 
-# ***** the algorithm: distributions, proposal and verification, as functions on the device *****
+# ***** 1. the algorithm: distributions, proposal and verification, as functions on the device *****
 
 @dataclass(frozen=True)
 class Sampling:
@@ -34,70 +31,68 @@ class Sampling:
   top_k: int = 0
   top_p: float = 1.0
   def __post_init__(self):
-    # the device divides in float32 (largest 3.40282e38), and an infinite temperature makes the padding's -inf / inf NaN
-    if not 0 <= self.temperature <= 3.4e38: raise ValueError(f"temperature must be in [0, 3.4e38], got {self.temperature}")
+    # the device divides in float32 (largest 3.40282e38); an infinite temperature makes the padding's -inf / inf NaN
+    if not 0 <= self.temperature <= 3.4e38:
+      raise ValueError(f"temperature must be in [0, 3.4e38], got {self.temperature}")
     if self.top_k < 0: raise ValueError(f"top-k must be >= 0, got {self.top_k}")
     if not 0 < self.top_p <= 1: raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
   @property
   def static(self) -> dict:
-    """The structural choices, compiled separately: greedy (argmax, no random draws) and the filters that are on (each
-    costs a search, warp()). The values themselves go in as Tensors (tensors()), so changing them compiles nothing."""
+    """The structural choices, compiled separately: greedy (argmax, no draws) and the filters that are on. The values go
+    in as Tensors (tensors()), so changing them compiles nothing."""
     greedy, on = self.temperature == 0, {"top_k": self.top_k > 0, "top_p": self.top_p < 1}
-    return dict(greedy=greedy, filters=() if greedy else tuple(f for f in on if on[f]))   # greedy: no filter changes the argmax
+    return dict(greedy=greedy, filters=() if greedy else tuple(f for f in on if on[f]))   # no filter changes the argmax
   def tensors(self, vocab_size:int) -> tuple[Tensor, Tensor, Tensor]:
-    """The values as the device holds them, each clamped where it would overflow or round to 0 there without changing
-    what it means: temperature and top-p at least float32's smallest normal number, 2**-126 (a tinier temperature is
-    the argmax, a tinier top-p keeps the most likely token, as 2**-126 does; 0, a subnormal flushed to 0 or one whose
-    reciprocal is inf gave NaN), top-k at most the vocabulary (a larger one keeps every token; past 2**31 it would wrap
-    around in int32)."""
+    """The values as the device holds them, clamped where they would overflow or round to 0 without changing what they
+    mean: temperature and top-p at least 2**-126, float32's smallest normal number (a tinier temperature is the argmax,
+    a tinier top-p keeps the most likely token); top-k at most the vocabulary (a larger one keeps every token)."""
     return (Tensor([max(self.temperature, 2**-126)], dtype=dtypes.float32),
-            Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32), Tensor([max(self.top_p, 2**-126)], dtype=dtypes.float32))
+            Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32),
+            Tensor([max(self.top_p, 2**-126)], dtype=dtypes.float32))
 
 def best(logits:Tensor) -> Tensor:
-  """(..., 1) each row's argmax, the first of equal maxima: greedy's token and sample()'s race. One max over 64-bit keys,
-  a logit's order in the high half and its reversed index in the low: tinygrad's argmax is two reductions (the max,
-  then the first index holding it), so twice the kernels, and it reads the logits twice, so they are materialized."""
+  """(..., 1) each row's argmax, the first of equal maxima: greedy's token and sample()'s race. One max over 64-bit
+  keys, a logit's order in the high half and its reversed index in the low: tinygrad's argmax is two reductions."""
   bits = logits.float().bitcast(dtypes.int32)
-  order = (bits < 0).where(-(bits & 0x7fffffff), bits)   # sign and magnitude as a signed int: ordered as the floats, -0 == 0
+  order = (bits < 0).where(-(bits & 0x7fffffff), bits)   # sign and magnitude as a signed int: ordered as the floats
   last = logits.shape[-1] - 1
   # unsigned, so that the max starts from 0 (tinygrad writes int64's minimum as a literal that clang warns about)
-  keys = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32 + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
+  high = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32
+  keys = high + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
   return last - (keys.max(-1, keepdim=True) & 0xffffffff).cast(dtypes.int32)
 
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filters:tuple[str, ...]) -> Tensor:
-  """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0. Greedy (temperature 0) warps
-  to one-hot distributions on the argmaxes, which no step builds: it takes best() of the logits instead."""
+  """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0: softmax(logits / T), then
+  top-k, then top-p of what top-k kept. Greedy builds no distribution: its steps take best() of the logits."""
   shifted = logits - logits.max(-1, keepdim=True)   # first: logits / temperature overflows for a tiny temperature
-  # the softmax, written out (its max is already subtracted); the exponentials materialized, as the sum's kernel and the
-  # division's each computed them again (5 rows: pocl 2.3 -> 1.7 ms, CPU backend 1.9 -> 0.6)
-  probs = (shifted / temperature).exp().contiguous()
+  probs = (shifted / temperature).exp().contiguous()   # materialized: the sum's and the division's kernels read it
   probs = probs / probs.sum(-1, keepdim=True)
   if "top_k" in filters: probs = probs * keep_largest(probs, Tensor.ones_like(probs, dtype=dtypes.int32), top_k)
-  if "top_p" in filters:                                                                              # of what top-k kept
-    mass = (probs * 2**60).cast(dtypes.int64)   # fixed point: summed exactly, in any order (probabilities <= 1, no overflow)
+  if "top_p" in filters:
+    mass = (probs * 2**60).cast(dtypes.int64)   # fixed point: summed exactly, in any order (probabilities <= 1)
     probs = probs * keep_largest(probs, mass, top_p * mass.sum(-1, keepdim=True).float())
   if filters: probs = probs / probs.sum(-1, keepdim=True)
   return probs.contiguous()  # materialized: every later step reads it
 
 def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
   """Mask (N, V) of the probabilities >= the largest threshold t for which the weight of the probabilities >= t is at
-  least enough, per row: top-k counts them, top-p sums their mass. No sort: a search over the float32 bit patterns, which
-  order non-negative floats, testing 3 thresholds a step, so that t is exact after 15 steps, 2-3 kernels each (bisection
-  took 31; 15 thresholds a step compared 5x as much, slower here). The weights are integers: pocl adds floats one at a
-  time (their order is fixed), integers in vectors, and a 5-row top-p step took 2-3x as long in floats."""
+  least enough, per row: top-k counts them, top-p sums their mass. No sort: a search over the float32 bit patterns,
+  which order non-negative floats, testing 3 thresholds a step, so that t is exact after 15 steps. Integer weights:
+  pocl sums floats one at a time, integers in vectors."""
   bits = probs.float().bitcast(dtypes.int32).contiguous()
   ends = Tensor.arange(2, dtype=dtypes.int32)                               # made on the device: no copy from the host
-  # lo and hi in one tensor, so that one kernel updates both: [0, the largest], as no threshold above the largest
-  # probability has any weight. Materialized, so that every step is the same kernels: compiled once, not twice
+  # lo and hi in one tensor, one kernel updating both: [0, the largest] (no threshold above it has any weight),
+  # materialized so that every step is the same kernels
   lohi = (ends * bits.max(-1, keepdim=True)).contiguous()
   for _ in range(15):                                                       # 4 ways a step: 2 bits of 30 (probs <= 1.0)
     lo, hi = lohi[:, :1], lohi[:, 1:]                                       # enough at lo, nothing above hi
     step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
-    mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)            # (N, 3), ascending
+    mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)              # (N, 3), ascending
     above = (bits.unsqueeze(1) >= mids.unsqueeze(-1)).where(weight.unsqueeze(1), 0)   # (N, 3, V)
     ok = (above.sum(-1) >= enough) & (mids <= hi)                           # a prefix of trues: the weight is monotone
     passed = ok.cast(dtypes.int32).sum(-1, keepdim=True)
-    lohi = (lo + (passed + ends) * step - ends).minimum(hi)                 # [lo + passed step, lo + (passed + 1) step - 1]
+    # [lo + passed step, lo + (passed + 1) step - 1]
+    lohi = (lo + (passed + ends) * step - ends).minimum(hi)
   return (bits >= lohi[:, :1]).float()
 
 def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
@@ -106,9 +101,9 @@ def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
   return (((Tensor.random_bits(key, counter, math.prod(shape)) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
 
 def sample(probs:Tensor, u:Tensor) -> Tensor:
-  """One token per row, distributed as probs, from u ~ U(0,1) of its shape: the exponential race argmax probs/(-log u), which
-  is Gumbel-max with one log, not three; zero-probability tokens never. The token is materialized: a kernel that indexes
-  by it would otherwise redo the argmax's last step per element."""
+  """One token per row, distributed as probs, from u ~ U(0,1) of its shape: the exponential race argmax probs/(-log u)
+  (Gumbel-max with one log); zero-probability tokens never. Materialized: a kernel indexing by it would redo the
+  race."""
   return best(probs / -u.log())[..., 0].contiguous()
 
 def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
@@ -121,8 +116,8 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
   diff = (q - p).relu()
   return diff / diff.sum(-1, keepdim=True)
 
-def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int, greedy:bool,
-            filters:tuple[str, ...]):
+def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int,
+            greedy:bool, filters:tuple[str, ...]):
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy:
   p = None, one-hot on the block, and nothing is drawn."""
@@ -130,63 +125,64 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
-    if greedy: x = best(logits)[:, 0]                                         # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
+    # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
+    if greedy: x = best(logits)[:, 0]
     else:
-      ps.append(warp(logits, temperature, top_k, top_p, filters=filters))  # (1, V) p(x | x_1..x_n, x~_1..x~_t)
-      x = sample(ps[-1], u[t:t+1])                                            # x~_t+1 ~ p
-    drafted.append(x.realize())                           # realized, so that the next step does not recompute it
+      ps.append(warp(logits, temperature, top_k, top_p, filters=filters))   # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+      x = sample(ps[-1], u[t:t+1])                                          # x~_t+1 ~ p
+    drafted.append(x.realize())                           # realized: the next step reads it, not recomputes it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
-  # the block realized flat, then viewed as (1, K+1): device_tokens()'s layout, which a verify step captured on either
-  # expects (a greedy model draft's p, like prompt lookup's, is one-hot: both use the same compiled step)
+  # the block flat, then viewed as (1, K+1): device_tokens()'s layout, so greedy model drafts and prompt lookup (both
+  # one-hot) share the target's compiled verify step
   block = unseen[0, -1:].cat(*drafted).realize().reshape(1, K + 1)
   return block, None if greedy else Tensor.cat(*ps).realize()
 
 def token_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
-  """Chen et al.: keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)). p, q (K+1, V), drafted, r (K,). Returns n, the number
-  kept, and the distribution of the next token, norm(max(0, q_n - p_n))."""
+  """Step 3 (Chen et al.): keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)). p, q (K+1, V), drafted, r (K,). Returns n, the
+  number kept, and the distribution of the next token, norm(max(0, q_n - p_n))."""
   K = drafted.shape[0]
   kept = r < acceptance(p[:K], q[:K], drafted)
   n = kept.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min().contiguous()   # the first rejection, K if none
   return n, residual(p, q)[n]
 
 def block_acceptance(p:Tensor, q:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor]:
-  """Sun et al. 2025, Alg. 2: the prefix x~_1..x~_i is judged as a whole by w_i = min(1, w_i-1 q(x~_i)/p(x~_i)), w_0 = 1,
-  and the round may stop after it with probability h_i = m_i / (m_i + 1 - w_i), m_i = sum max(0, w_i q_i+1 - p_i+1) the
-  residual mass left there (h_0 = 1; h_K = w_K, as p_K+1 = 0). Returns w, h (K+1,)."""
+  """Sun et al. 2025, Alg. 2: the prefix x~_1..x~_i is judged as a whole by w_i = min(1, w_i-1 q(x~_i)/p(x~_i)), w_0 =
+  1, and the round may stop after it with probability h_i = m_i / (m_i + 1 - w_i), m_i = sum max(0, w_i q_i+1 - p_i+1)
+  the residual mass left there (h_0 = 1; h_K = w_K, as p_K+1 = 0). Returns w, h (K+1,)."""
   K = drafted.shape[0]
   ratio = q[Tensor.arange(K), drafted] / p[Tensor.arange(K), drafted]
   w = [Tensor.ones(1, dtype=q.dtype)]
   for t in range(K): w.append((w[-1] * ratio[t:t+1]).minimum(1))
-  w = Tensor.cat(*w).contiguous()   # materialized: verify()'s note on tinygrad 0.14 (on OpenCL, n's kernel lost an argument)
+  w = Tensor.cat(*w).contiguous()   # materialized: around a tinygrad 0.14 code generator bug (docs/tests.md)
   m = (w.unsqueeze(-1) * q - p).relu().sum(-1)
-  h = (m > 0).where(m / (m + 1 - w), 0)                                       # 0/0 only where w_i = 1, m_i = 0: go on
+  h = (m > 0).where(m / (m + 1 - w), 0)                                     # 0/0 only where w_i = 1, m_i = 0: go on
   return w, (Tensor.arange(K + 1) == 0).where(1, h)
 
 def block_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
-  """Block verification: n is the largest i with r_i <= h_i (i >= 1; else 0), the next token is drawn from
-  norm(max(0, w_n q_n+1 - p_n+1)). Same arguments and result as token_verification; never fewer tokens in expectation."""
+  """Step 3 by blocks: n is the largest i with r_i <= h_i (i >= 1; else 0), the next token is drawn from norm(max(0, w_n
+  q_n+1 - p_n+1)). Same arguments and result as token_verification; never fewer tokens in expectation."""
   w, h = block_acceptance(p, q, drafted)
-  n = (r.cast(h.dtype).pad(((1, 0),)) <= h).where(Tensor.arange(h.shape[0]), 0).max().contiguous()   # r_0 = 0: stopping at 0 is always allowed
+  stops = r.cast(h.dtype).pad(((1, 0),)) <= h                               # r_0 = 0: stopping at 0 is always allowed
+  n = stops.where(Tensor.arange(h.shape[0]), 0).max().contiguous()
   return n, residual(p, w.unsqueeze(-1) * q)[n]
 
 RULES = {"block": block_verification, "token": token_verification}
 
 def greedy_verification(q_logits:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor, Tensor]:
-  """Temperature 0, either rule: p and q are one-hot on their argmaxes, so min(1, q(x~_t)/p(x~_t)) is 1 where x~_t is
-  q_t's argmax and 0 elsewhere, and the residual after a rejection is one-hot on q_t's argmax. Keeps the drafts up to
-  the first that is not the target's argmax; the next token is the argmax there (q_K+1's when all are kept). Returns n,
-  the token and q(x~) (K,); p(x~) is 1, and the next token has q 1 and p 0 (a rejected x~_t is not q_t's argmax)."""
+  """Step 3 at temperature 0, either rule: p and q are one-hot on their argmaxes, so min(1, q(x~_t)/p(x~_t)) is 1 where
+  x~_t is q_t's argmax and 0 elsewhere, and the residual after a rejection is one-hot on q_t's argmax. Keeps the drafts
+  up to the first that is not the target's argmax; the next token is the argmax there (q_K+1's when all are kept).
+  Returns n, the token and q(x~) (K,)."""
   K, target_best = drafted.shape[0], best(q_logits)[:, 0].contiguous()   # materialized: read by two kernels
   agree = drafted == target_best[:K]
   n = agree.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min().contiguous()   # the first disagreement, K if none
   return n, target_best[n], agree.float()
 
-def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, greedy:bool,
-           filters:tuple[str, ...], rule:str, one_hot:bool=False):
+def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *,
+           greedy:bool, filters:tuple[str, ...], rule:str, one_hot:bool=False):
   """Step 3, modified rejection sampling by a rule of RULES. q_logits (K+1, V) from the target's pass over block =
-  [x_n, x~_1..x~_K], p (K, V); one_hot (a deterministic draft: prompt lookup, or none): p = None, as it is one-hot on each
-  x~_t; greedy: p unused (greedy_verification()). Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K),
-  p(x~) (K)] as one float32 vector."""
+  [x_n, x~_1..x~_K], p (K, V); one_hot (a deterministic draft: prompt lookup, or none): p = None, one-hot on each x~_t;
+  greedy: p unused. Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)], float32."""
   (K, V), drafted = (block.shape[1] - 1, q_logits.shape[-1]), block[0, 1:]
   if greedy:
     n, token, qx = greedy_verification(q_logits, drafted)
@@ -194,18 +190,30 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
   q = warp(q_logits, temperature, top_k, top_p, filters=filters)
   r = uniform(key, nonce, K + V)
-  p = p.cat(Tensor.zeros(1, V))                                                # no draft past x~_K: row K of the residual is q
-  # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs that crashed this step (README, Tests)
-  n, dist = RULES[rule](p, q, drafted, r[:K].contiguous())                     # n kept, the residual or the bonus q_K+1
+  p = p.cat(Tensor.zeros(1, V))                                             # no draft past x~_K: row K's residual is q
+  # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs (docs/tests.md)
+  n, dist = RULES[rule](p, q, drafted, r[:K].contiguous())                  # n kept; the residual or the bonus q_K+1
   token = sample(dist, r[K:])
   qx, px = (t[Tensor.arange(K), drafted].contiguous() for t in (q, p))
   return packed(n, token, q[n, token], p[n, token], drafted, qx, px)
 
-def packed(n, token, q_next, p_next, drafted, qx, px) -> Tensor:
-  """The round's result as one float32 vector, read by the host at once: [n, token, q(next), p(next), x~, q(x~), p(x~)]."""
-  return Tensor.stack(*[x.float() for x in (n, token, q_next, p_next)]).cat(*[x.float() for x in (drafted, qx, px)]).realize()
+def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p,
+                  **static) -> Tensor:
+  """Steps 2 and 3 in one JIT call: the target's pass over block, then verify()."""
+  return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, temperature, top_k, top_p, **static)
 
-# ***** drafters: what proposes a round's tokens *****
+def packed(n, token, q_next, p_next, drafted, qx, px) -> Tensor:
+  """The round's result as one float32 vector, read by the host at once: [n, token, q(next), p(next), x~, q(x~),
+  p(x~)]."""
+  head = Tensor.stack(*[x.float() for x in (n, token, q_next, p_next)])
+  return head.cat(*[x.float() for x in (drafted, qx, px)]).realize()
+
+def padded(logits:Tensor) -> Tensor:
+  """logits (N, V) -> (N, vocab_width(V)), the added tokens impossible (logit -inf: probability 0 under every warp), as
+  the lm_head's rows are padded: tinygrad runs a round's passes over a multiple of 64 columns much faster."""
+  return logits.pad(((0, 0), (0, vocab_width(logits.shape[-1]) - logits.shape[-1])), value=float("-inf"))
+
+# ***** 2. the drafters (step 1) and the verifier (steps 2 and 3) *****
 
 class Drafter(Protocol):
   """Step 1 for the loop: a draft model, prompt lookup or none (the baseline), so that the loop never asks which."""
@@ -215,15 +223,15 @@ class Drafter(Protocol):
   def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
-  def warm(self, K:int) -> bool: ...               # its JIT-compiled steps for K have run twice (Step.warm)
+  def warm(self, K:int) -> bool: ...               # its compiled steps for K are warm (warm())
 
 class ModelDraft:
-  """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`. Its KV cache
-  rolls back by position: it holds the sequence up to what it last fed, and the round kept a prefix of that."""
+  """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`. Its KV cache rolls
+  back by position: it holds the sequence up to what it last fed, and the round kept a prefix of that."""
   kind = "model"
   def __init__(self, model:GPT2, sampling:Sampling, key:Tensor):
     self.model, self.key, self.params, self.static = model, key, sampling.tensors(model.cfg.vocab_size), sampling.static
-    self.one_hot = sampling.static["greedy"]   # greedy: p is one-hot on the block, propose() returns p = None
+    self.one_hot = sampling.static["greedy"]
   def reset(self, tokens:list[int]):
     self.model.prefill(tokens[:-1])
     self.fed = len(tokens) - 1
@@ -231,31 +239,34 @@ class ModelDraft:
     start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
     step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
-    return step(self.model, device_tokens(tokens[start:]), self.model.positions.bind(start), self.key, NONCE.bind(nonce),
-                *self.params)
-  def warm(self, K:int) -> bool: return all(self.model.jit(propose, w, K=K, **self.static).warm for w in (1, 2))
+    unseen, positions = device_tokens(tokens[start:]), self.model.positions.bind(start)
+    return step(self.model, unseen, positions, self.key, NONCE.bind(nonce), *self.params)
+  def warm(self, K:int) -> bool: return all(warm(self.model.jit(propose, w, K=K, **self.static)) for w in (1, 2))
 
 @dataclass(frozen=True)
 class PromptLookup:
   """A draft without a model (prompt lookup): find the latest earlier occurrence of the context's last n tokens (n from
-  ngram_max down to ngram_min) and propose the K tokens that followed it. Its distribution is one-hot on the proposal."""
+  ngram_max down to ngram_min) and propose the K tokens that followed it. Its distribution is one-hot on the
+  proposal."""
   ngram_max: int = 3
   ngram_min: int = 1
   kind, one_hot, model = "ngram", True, None
   def __post_init__(self):
-    if not 1 <= self.ngram_min <= self.ngram_max: raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
+    if not 1 <= self.ngram_min <= self.ngram_max:
+      raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]:
     """The block [x_n, lookup(tokens, K)]: k = K tokens or, without a match, none (the round is a target step)."""
     return device_tokens(tokens[-1:] + self.lookup(tokens, K)), None
   def lookup(self, tokens:list[int], K:int) -> list[int]:
-    """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end
-    runs into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
+    """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end runs
+    into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
     for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
       suffix = tokens[-n:]
       for start in range(len(tokens) - n - 1, -1, -1):               # most recent first, never the suffix itself
-        if tokens[start:start + n] == suffix: return [tokens[start + n + i % (len(tokens) - start - n)] for i in range(K)]
+        if tokens[start:start + n] == suffix:
+          return [tokens[start + n + i % (len(tokens) - start - n)] for i in range(K)]
     return []
 
 class NoDraft:
@@ -264,6 +275,149 @@ class NoDraft:
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]: return device_tokens(tokens[-1:]), None
+
+class Verifier:
+  """Steps 2 and 3: the target's pass over the block, then verify() by the rule: one JIT call (target_verify()) per
+  width; a one-hot p (prompt lookup, a greedy draft) is built inside the same call."""
+  def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
+    self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
+    self.static = {**sampling.static, "rule": rule}
+  def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
+    step = self.step(block.shape[1], p is None)
+    return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
+  def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
+  def warm(self, K:int, one_hot:bool, empty_rounds:bool=False) -> bool:  # empty_rounds: some propose nothing
+    return all(warm(self.step(k + 1, one_hot)) for k in ((0, K) if empty_rounds else (K,)))
+
+# ***** 3. the round loop *****
+
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4,
+                         max_new_tokens:int=256, sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT,
+                         on_token=None, verification:str="block") -> tuple[list[int], Stats]:
+  """Speculative sampling: the new tokens (distributed exactly as the target's) and the run's Stats. draft: a GPT2 or a
+  PromptLookup. K: the lookahead, or "auto" to choose it each round (choose_lookahead()). verification: a rule of RULES.
+  on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
+  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K,
+        verification, seed)
+  key = seed_key(seed)
+  drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
+  verifier = Verifier(target, sampling, key, verification)
+  return generate(drafter, verifier, prompt_tokens, K, max_new_tokens, eos, on_token)
+
+def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
+                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
+  """The baseline: the target alone, one token per pass (rounds that draft nothing), same warps, KV cache and JIT."""
+  check([target], prompt_tokens or [EOT], max_new_tokens, 1, seed=seed)
+  return generate(NoDraft(), Verifier(target, sampling, seed_key(seed), "token"), prompt_tokens, 0, max_new_tokens, eos,
+                  on_token)
+
+def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|str, max_new_tokens:int, eos:int|None,
+             on_token) -> tuple[list[int], Stats]:
+  """The rounds, until max_new_tokens or an EOS. Round r draws from the random streams 2r (draft) and 2r+1 (verify)."""
+  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
+  stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
+  round_seconds = prepare(drafter, verifier, K, tokens[0], stats)
+  verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
+  out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
+  start = synchronize()
+  while not out.done:
+    t0 = time.perf_counter()
+    k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
+    block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                        # 1. x~_1..x~_k ~ p
+    t1 = synchronize()
+    # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
+    # the target cache rolls back
+    result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
+    # k < K: prompt lookup found less
+    t2, k = time.perf_counter(), block.shape[1] - 1
+    events = round_events(result, k)
+    alpha.update(len(events) - 1, k)
+    if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow the rounds
+    stats.add_round(k, len(events) - 1, t1 - t0, t2 - t1)
+    out.emit(events)
+  return out.new, stats.finish(start, len(out.new))
+
+def round_events(result:list[float], K:int) -> list[dict]:
+  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled, bonus or (K 0) target
+  token."""
+  accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
+  events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
+  source = "resampled" if accepted < K else "bonus" if K else "target"
+  return events + [dict(id=token, source=source, index=accepted, q=result[2], p=result[3] if accepted < K else None)]
+
+class Output:
+  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
+  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
+    self.tokens, self.new, self.done = prompt_tokens, [], False
+    self.max_new_tokens, self.eos, self.on_token, self.stats = max_new_tokens, eos, on_token, stats
+  def emit(self, events:list[dict]) -> None:
+    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is
+    dropped)."""
+    for e in events:
+      self.new.append(e["id"]); self.tokens.append(e["id"])
+      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
+      if self.on_token: self.on_token(e)
+      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
+        self.done = True
+        return
+
+# ***** 4. the plumbing: device inputs, warm-up, -K auto, timing, statistics *****
+
+# a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
+# value reaches the compiled function without a host-to-device copy, and nothing recompiles
+NONCE = UOp.variable("nonce", 0, 2**31 - 1)
+
+def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
+
+_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
+def device_tokens(tokens:list[int]) -> Tensor:
+  """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device, built by a compiled kernel per width from
+  bound variables: Tensor(list) schedules a new host-to-device copy on every call. Its buffer is rewritten by the next
+  call of the same width."""
+  w = len(tokens)
+  if w not in _token_writers:  # zeros: a realized input, so that the JIT has a kernel to capture and owns its output
+    build = lambda zeros, *ids: (zeros + Tensor.stack(*map(Tensor, ids)).cast(dtypes.int32).reshape(1, w)).realize()
+    _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
+  zeros, build = _token_writers[w]
+  return build(zeros, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
+
+def warm(step) -> bool:
+  """Whether a compiled step's calls are now replays: it ran plainly, was captured, and replayed once more (the first
+  replay links its kernels). tinygrad's TinyJit counts calls in cnt; the engine's steps count alike."""
+  return step.cnt >= 3
+
+def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int, stats:Stats) -> dict[int, float]:
+  """Before the prompt: t_target, every step of the run warm, and -K auto's round costs; the seconds in time_warmup."""
+  t0 = time.perf_counter()
+  stats.t_target = time_target_decode(verifier, token)     # first: it warms the one-token step, which warm_up() checks
+  warm_up(drafter, verifier, LOOKAHEADS if K == "auto" else (K,), token)
+  round_seconds = round_costs(drafter, verifier, token) if K == "auto" else {}
+  stats.time_warmup = time.perf_counter() - t0
+  return round_seconds
+
+def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
+  """Run the compiled steps of every K until each is warm, before the prefill, at positions 0 and 1, so that what
+  warm-up writes into the caches is overwritten before anything reads it: a round after one new token and after two (a
+  draft model's catch-up after a full accept; prompt lookup without and with a match)."""
+  for k in lookaheads:
+    for _ in range(3):
+      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, empty_rounds=drafter.model is None): break
+      for context in ([token], [token, token]): warm_up_round(drafter, verifier, context, k)
+
+def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) -> Tensor:
+  """A round over context ([token] or [token, token]) from position 0, the draft having consumed nothing."""
+  drafter.reset(context[:1])
+  return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
+
+_decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
+def time_target_decode(verifier:Verifier, token:int) -> float:
+  """Seconds of a round of the target alone (its one-token pass and draw, as the baseline pays them), measured once per
+  target at position 0 before the prefill rewrites it: the best of 3 once the step is warm."""
+  decode = lambda: verifier(device_tokens([token]), None, 0, 1)
+  if verifier.target not in _decode_seconds:
+    while not verifier.warm(0, one_hot=True): decode()
+    _decode_seconds[verifier.target] = best_seconds(decode, 3)
+  return _decode_seconds[verifier.target]
 
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
@@ -284,147 +438,24 @@ class AcceptanceEstimate:
     if K: self.kept, self.rejected = self.decay * self.kept + accepted, self.decay * self.rejected + (accepted < K)
   alpha = property(lambda self: self.kept / (self.kept + self.rejected))
 
-# ***** the round loop *****
-
-def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4, max_new_tokens:int=256,
-                         sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT, on_token=None,
-                         verification:str="block") -> tuple[list[int], Stats]:
-  """Speculative sampling: returns the new tokens (distributed exactly as the target's) and the run's Stats.
-  draft: a GPT2 or a PromptLookup. K: the lookahead, or "auto" to choose it each round from LOOKAHEADS by measured costs.
-  verification: "block" or "token" (RULES). on_token(dict) is called for each emitted token with its id, source, index
-  in its round, q(x) and p(x)."""
-  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K, verification, seed)
-  key = seed_key(seed)
-  drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
-  return generate(drafter, Verifier(target, sampling, key, verification), prompt_tokens, K, max_new_tokens, eos, on_token)
-
-def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
-                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
-  """The baseline: the target alone, one token per pass (rounds that draft nothing), same warps, KV cache and JIT."""
-  check([target], prompt_tokens or [EOT], max_new_tokens, 1, seed=seed)
-  return generate(NoDraft(), Verifier(target, sampling, seed_key(seed), "token"), prompt_tokens, 0, max_new_tokens, eos, on_token)
-
-def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|str, max_new_tokens:int, eos:int|None,
-             on_token) -> tuple[list[int], Stats]:
-  """The rounds, until max_new_tokens or an EOS. The round's random streams: 2r (draft) and 2r+1 (verification)."""
-  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  target, stats = verifier.target, Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
-  lookaheads, t0 = LOOKAHEADS if K == "auto" else (K,), time.perf_counter()
-  stats.t_target = time_target_decode(verifier, tokens[0])     # first: it warms the one-token step, which warm_up() checks
-  warm_up(drafter, verifier, lookaheads, tokens[0])
-  round_seconds = round_costs(drafter, verifier, tokens[0]) if K == "auto" else {}
-  stats.time_warmup = time.perf_counter() - t0
-  target.prefill(tokens[:-1]); drafter.reset(tokens)
-  out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
-  start = synchronize()   # the prefills run asynchronously: unwaited, they landed in the first round's draft time
-  while not out.done:
-    t0 = time.perf_counter()
-    k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
-    block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                       # 1. x~_1..x~_k ~ p
-    t1 = synchronize()
-    # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
-    result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)  # the target cache rolls back
-    t2, k = time.perf_counter(), block.shape[1] - 1                                    # k < K: prompt lookup found less
-    events = round_events(result, k)
-    alpha.update(len(events) - 1, k)
-    if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow what rounds take
-    stats.add_round(k, len(events) - 1, t1 - t0, t2 - t1)
-    out.emit(events)
-  return out.new, stats.finish(start, len(out.new))
-
-class Output:
-  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
-  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
-    self.tokens, self.new, self.done = prompt_tokens, [], False
-    self.max_new_tokens, self.eos, self.on_token, self.stats = max_new_tokens, eos, on_token, stats
-  def emit(self, events:list[dict]) -> None:
-    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is dropped)."""
-    for e in events:
-      self.new.append(e["id"]); self.tokens.append(e["id"])
-      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
-      if self.on_token: self.on_token(e)
-      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
-        self.done = True
-        return
-
-def round_events(result:list[float], K:int) -> list[dict]:
-  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled, bonus or (K 0) target token."""
-  accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
-  events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
-  source = "resampled" if accepted < K else "bonus" if K else "target"
-  return events + [dict(id=token, source=source, index=accepted, q=result[2], p=result[3] if accepted < K else None)]
-
-# ***** tinygrad plumbing: compiled steps, random streams, warm-up, timing *****
-
-# a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
-# value reaches the compiled function without a host-to-device copy, and nothing recompiles
-NONCE = UOp.variable("nonce", 0, 2**31 - 1)
-
-def padded(logits:Tensor) -> Tensor:
-  """logits (N, V) -> (N, vocab_width(V)), the added tokens impossible (logit -inf: probability 0 under every warp), for the
-  distributions a round computes, as the lm_head's rows are padded: on pocl an elementwise pass over GPT-2's 50257 floats
-  took 239 us, over 50304 40 us (a max: 95 and 55 us)."""
-  return logits.pad(((0, 0), (0, vocab_width(logits.shape[-1]) - logits.shape[-1])), value=float("-inf"))
-
-def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
-
-class Verifier:
-  """Steps 2 and 3: the target's pass over the block, then verify() by the rule, one JIT call (target_verify()) per
-  width and rule; a one-hot p (prompt lookup) is built inside the same call."""
-  def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
-    self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
-    self.static = {**sampling.static, "rule": rule}
-  def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    step = self.step(block.shape[1], p is None)
-    return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
-  def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
-  def warm(self, K:int, one_hot:bool, empty_rounds:bool=False) -> bool:  # empty_rounds: some propose nothing (prompt lookup)
-    return all(self.step(k + 1, one_hot).warm for k in ((0, K) if empty_rounds else (K,)))
-
-def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p,
-                  **static) -> Tensor:
-  """Steps 2 and 3 in one JIT call: the target's pass over block, then verify(). One call, not the model's own forward
-  step and then verify(): that step copies its input, and scheduling the copy took 1.7 ms."""
-  return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, temperature, top_k, top_p, **static)
-
-def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
-  """Run the JIT-compiled steps of every K until each has run twice, before the prefill, at positions 0 and 1, so that
-  what warm-up writes into the caches is overwritten before anything reads it: a round after one new token and after
-  two (a draft model's catch-up after a full accept; prompt lookup without and with a match). A step's first call
-  captures it, or links a stored one (0.15 s on the shared pair), and its second is still slow: neither belongs in the
-  timed rounds."""
-  for k in lookaheads:
-    for _ in range(2):
-      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, empty_rounds=drafter.model is None): break   # no draft model
-      for context in ([token], [token, token]): warm_up_round(drafter, verifier, context, k)
-
-def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) -> Tensor:
-  """A round over context ([token] or [token, token]) from position 0, the draft having consumed nothing."""
-  drafter.reset(context[:1])
-  return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
-
 # -K auto's seconds of a round by K, per target (weakly: its entries go with it), then per draft model and choices
 _round_seconds: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
 def round_costs(drafter:Drafter, verifier:Verifier, token:int) -> dict[int, float]:
   """The seconds of a round with each K of LOOKAHEADS, which -K auto starts from: measured (best of 3, before the
-  prefill, as warm-up) in the first run with this target, draft and structural choices, then kept, and moved by every
-  run's rounds. Measuring in every run cost 12 rounds a call: 0.2-0.25 s on the shared pair, ~6 s on gpt2-xl/gpt2."""
+  prefill) in the first run with this target, draft and structural choices, then kept, and moved by every run's
+  rounds."""
   draft = None if drafter.model is None else weakref.ref(drafter.model)
   costs = _round_seconds.setdefault(verifier.target, {}).setdefault((draft, *sorted(verifier.static.items())), {})
   for k in [k for k in LOOKAHEADS if k not in costs]:
     costs[k] = best_seconds(lambda: read(warm_up_round(drafter, verifier, [token, token], k), Stats()))
   return costs
 
-_decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
-def time_target_decode(verifier:Verifier, token:int) -> float:
-  """Seconds for a round of the target alone, its one-token pass and draw as the baseline pays them (a draft's t_draft
-  holds its draw too), measured in the model's first run at position 0 before the prefill rewrites it: the best of 3
-  once the step is warm."""
-  decode = lambda: verifier(device_tokens([token]), None, 0, 1)
-  if verifier.target not in _decode_seconds:
-    while not verifier.warm(0, one_hot=True): decode()
-    _decode_seconds[verifier.target] = best_seconds(decode, 3)
-  return _decode_seconds[verifier.target]
+def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
+
+def best_seconds(fn, reps:int=3) -> float:
+  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
+  def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
+  return min(once() for _ in range(reps))
 
 def read(t:Tensor, stats:Stats) -> list: stats.host_syncs += 1; return t.tolist()   # the round's one host read
 
@@ -471,47 +502,56 @@ class Stats:
              "time_other", "theoretical_speedup")
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
-def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block", seed:int=0):
+def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block",
+          seed:int=0):
   """Bad requests fail here, before any work (with no models yet: only K, max_new_tokens, the rule and the seed)."""
   if not 0 <= seed < 2**64: raise ValueError(f"seed must be in [0, 2**64), got {seed}")   # the threefry key's 64 bits
-  if K != "auto" and not (isinstance(K, int) and K >= 1): raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
+  if K != "auto" and not (isinstance(K, int) and K >= 1):
+    raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
   if verification not in RULES: raise ValueError(f"verification must be {' or '.join(RULES)}, got {verification!r}")
   if max_new_tokens < 1: raise ValueError(f"max new tokens must be >= 1, got {max_new_tokens}")
   vocabs = {m.cfg.vocab_size for m in models_}
-  if len(vocabs) > 1: raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
+  if len(vocabs) > 1:
+    raise ValueError(f"draft and target vocabularies differ ({' vs '.join(str(m.cfg.vocab_size) for m in models_)})")
   if vocabs and (outside := [t for t in prompt_tokens if not 0 <= t < min(vocabs)]):   # no embedding row for them
-    raise ValueError(f"prompt token {outside[0]} is outside the models' vocabulary of {min(vocabs)} (another tokenizer?)")
+    raise ValueError(f"prompt token {outside[0]} is outside the models' vocabulary of {min(vocabs)} "
+                     "(another tokenizer?)")
   context, K = min((m.cfg.n_positions for m in models_), default=None), max(LOOKAHEADS) if K == "auto" else K
   if context is not None and len(prompt_tokens) + max_new_tokens + K > context:
-    raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the context of {context}")
+    raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the "
+                     f"context of {context}")
 
-# ***** command line *****
+# ***** 5. the command line *****
 
 class Printer:
-  """Streams decoded text to stdout; on a terminal, draft-accepted tokens in one colour, target-produced ones in another."""
+  """Streams decoded text to stdout; on a terminal, draft-accepted tokens in one colour, target-produced ones in
+  another."""
   COLORS = {"accepted": "\033[32m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
   def __init__(self, enc, color:bool, header:str):  # the header waits for the first token: warm-up may print notices
-    self.enc, self.color, self.header, self.decoder = enc, color, header, codecs.getincrementaldecoder("utf-8")(errors="replace")
+    self.enc, self.color, self.header = enc, color, header
+    self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
   def __call__(self, event:dict):
     if self.header: sys.stdout.write(self.header); self.header = ""
     text = self.decoder.decode(self.enc.decode_single_token_bytes(event["id"]))
     print(f"{self.COLORS[event['source']]}{text}\033[0m" if self.color and text else text, end="", flush=True)
 
 def summary(stats:Stats) -> str:
-  s = (f"{stats.new_tokens} tokens in {stats.time_total:.2f} s ({stats.tokens_per_s:.1f} tokens/s), {stats.rounds} target passes")
+  s = (f"{stats.new_tokens} tokens in {stats.time_total:.2f} s ({stats.tokens_per_s:.1f} tokens/s), "
+       f"{stats.rounds} target passes")
   if not stats.K: return s
   drafts = f"{stats.draft_passes} draft passes" if stats.draft == "model" else "prompt lookup, no draft model"
   shown = "" if stats.K != "auto" and stats.draft == "model" else \
     " (rounds by tokens drafted: " + ", ".join(f"{k}: {n}" for k, n in sorted(stats.lookaheads.items())) + ")"
   return s + (f", {drafts}\n"
-    f"  K={stats.K}{shown}, {stats.verification} verification: accepted {stats.accepted}/{stats.drafted} drafted (alpha {stats.acceptance_rate:.3f}), "
-    f"{stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
+    f"  K={stats.K}{shown}, {stats.verification} verification: accepted {stats.accepted}/{stats.drafted} drafted "
+    f"(alpha {stats.acceptance_rate:.3f}), {stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
     f"  time: draft {stats.time_draft:.2f} s, verify {stats.time_verify:.2f} s, other {stats.time_other:.2f} s; "
     f"t_draft {stats.t_draft*1e3:.1f} ms, t_target {stats.t_target*1e3:.1f} ms\n"
     f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x")
 
 class ArgumentParser(argparse.ArgumentParser):
-  def error(self, message): self.exit(2, f"{self.prog}: error: {message}\n")  # one line and exit 2, as for all bad input
+  # one line and exit 2, as for all bad input
+  def error(self, message): self.exit(2, f"{self.prog}: error: {message}\n")
 
 def lookahead(text:str) -> int|str:
   if text == "auto": return text
@@ -520,10 +560,11 @@ def lookahead(text:str) -> int|str:
 
 def parse_args(argv=None):
   ap = ArgumentParser(prog="spec.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    description="Exact speculative sampling with two GPT-2 models: the draft proposes K tokens, the target verifies them "
-                "in one pass, and modified rejection sampling keeps the target's output distribution exactly.")
+    description="Exact speculative sampling with two GPT-2 models: the draft proposes K tokens, the target verifies "
+                "them in one pass, and modified rejection sampling keeps the target's output distribution exactly.")
   src = ap.add_mutually_exclusive_group()
-  src.add_argument("--prompt", default="", help="text to continue; empty means unconditional generation after <|endoftext|>")
+  src.add_argument("--prompt", default="", help="text to continue; empty means unconditional generation after "
+                   "<|endoftext|>")
   src.add_argument("--prompt-file", help="read the prompt from this file instead")
   ap.add_argument("--target", default="gpt2-xl", help="target model: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local "
                   "Hugging Face checkpoint directory (config.json + model.safetensors)")
@@ -532,33 +573,42 @@ def parse_args(argv=None):
   ap.add_argument("--ngram-max", type=int, default=3, help="--draft ngram: the longest suffix to look up")
   ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
   ap.add_argument("-K", "--lookahead", type=lookahead, default=4, help="tokens the draft proposes per round; 'auto' "
-                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the running acceptance")
+                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the "
+                  "running acceptance")
   ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
-                  "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. 2023). "
-                  "Both keep the target's distribution exactly")
+                  "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. "
+                  "2023). Both keep the target's distribution exactly")
   ap.add_argument("-n", "--max-new-tokens", type=int, default=256, help="new tokens to generate")
-  ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the target's exact greedy output)")
+  ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy (the target's "
+                  "exact greedy output)")
   ap.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 keeps all")
-  ap.add_argument("--top-p", type=float, default=1.0, help="sample only from the smallest set of tokens with this much probability")
+  ap.add_argument("--top-p", type=float, default=1.0, help="sample only from the smallest set of tokens with this much "
+                  "probability")
   ap.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2**64 - 1; the same seed reproduces a run")
   ap.add_argument("--ignore-eos", action="store_true", help="keep generating past <|endoftext|>")
-  ap.add_argument("--compare", action="store_true", help="run the target alone first, then speculative sampling, and compare")
+  ap.add_argument("--compare", action="store_true", help="run the target alone first, then speculative sampling, and "
+                  "compare")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-  ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, p)")
-  ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations and "
-                  "KV cache (logits and sampling are float32); auto: float16 where a pass in half measures clearly faster on "
-                  "the device (GPUs: half the bytes; timed once per machine), else float32")
-  ap.add_argument("--search", type=int, default=0, metavar="N", help="search the kernels of the draft's and target's "
-                  "steps by tinygrad's BEAM search of width N, once per machine (tinygrad caches the result); 0: tinygrad's "
-                  "default kernels. Either way each step's linear layers run the kernels measured fastest on this machine")
-  ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for benchmarks)")
+  ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, "
+                  "p)")
+  ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations "
+                  "and KV cache (logits and sampling are float32); auto: float16 where a pass in half measures clearly "
+                  "faster on the device (GPUs: half the bytes; timed once per machine), else float32")
+  ap.add_argument("--plain", action="store_true", help="the GPT-2 port alone, on tinygrad's own kernels and executor: "
+                  "no engine (custom kernels, measured choices, stored steps); --dtype auto is float32 there")
+  ap.add_argument("--search", type=int, default=0, metavar="N", help="the engine also searches the draft's and "
+                  "target's step kernels by tinygrad's BEAM search of width N, once per machine (tinygrad caches the "
+                  "result); 0: tinygrad's default kernels")
+  ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for "
+                  "benchmarks)")
   return ap.parse_args(argv)
 
 def read_prompt(path:str) -> str:
   """The prompt file as UTF-8 text, whatever the locale; anything else is an error that names the file."""
   with open(path, "rb") as f: data = f.read()
   try: return data.decode("utf-8")
-  except UnicodeDecodeError as e: raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
 
 def main(argv=None) -> int:
   args, trace = parse_args(argv), None
@@ -566,16 +616,19 @@ def main(argv=None) -> int:
     models.check_device()
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
+    if args.plain and args.search: raise ValueError("--search is the engine's kernel search: drop --plain to use it")
     check([], [], args.max_new_tokens, args.lookahead, seed=args.seed)
     prompt = read_prompt(args.prompt_file) if args.prompt_file else args.prompt
     if args.trace:   # opened before the models load, so that a bad path fails at once; appending, so that a start
-      new_trace, trace = not os.path.exists(args.trace), open(args.trace, "a")   # that fails later leaves the file as it was
+      new_trace, trace = not os.path.exists(args.trace), open(args.trace, "a")   # that fails later leaves it as it was
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
-    target = models.load(args.target, args.dtype, args.dummy_weights, args.search)
-    if args.draft != "ngram": draft = models.load(args.draft, args.dtype, args.dummy_weights, args.search)
-    check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens, args.lookahead)
+    load = lambda name: models.load(name, args.dtype, args.dummy_weights, args.search, args.plain)
+    target = load(args.target)
+    if args.draft != "ngram": draft = load(args.draft)
+    check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens,
+          args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
     if trace:
       trace.close()
@@ -583,30 +636,35 @@ def main(argv=None) -> int:
     print(f"spec.py: error: {e}", file=sys.stderr)
     return 2
   if trace and trace.seekable(): trace.truncate(0)   # the run starts: it replaces what the file held (not a pipe's)
-  common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, eos=None if args.ignore_eos else EOT)
+  eos = None if args.ignore_eos else EOT
+  common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, eos=eos)
   stream = not args.json and trace is None
   color = stream and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
   def on_token(event):
     if trace: trace.write(json.dumps({**event, "text": enc.decode([event["id"]])}) + "\n")
     if stream: printer(event)
-  if args.dummy_weights: print("WARNING: --dummy-weights: random weights, the text is noise; only the timings mean anything", file=sys.stderr)
+  if args.dummy_weights:
+    print("WARNING: --dummy-weights: random weights, the text is noise; only the timings mean anything",
+          file=sys.stderr)
   results = {}
   for name in (["baseline"] if args.compare else []) + ["speculative"]:
     printer = Printer(enc, color, f"{'-'*20} {name} {'-'*20}\n{prompt}")
     if name == "baseline": results[name] = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
-    else: results[name] = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common, on_token=on_token, verification=args.verify)
+    else: results[name] = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common,
+                                               on_token=on_token, verification=args.verify)
     if stream: print(f"\n{'-'*20} {name}: {summary(results[name][1])}\n")
   if trace: trace.close()
   tokens, stats = results["speculative"]
   if args.json:
     report = lambda toks, st: dict(tokens=toks, text=enc.decode(toks), stats=st.as_dict())
-    obj = dict(prompt_tokens=prompt_tokens, **report(tokens, stats), dummy_weights=args.dummy_weights)
+    obj = dict(prompt_tokens=prompt_tokens, **report(tokens, stats), dummy_weights=args.dummy_weights, plain=args.plain)
     if args.compare: obj["baseline"] = report(*results["baseline"])
     print(json.dumps(obj))
   elif args.compare:
     base_tokens, base = results["baseline"]
-    print(f"speedup {base.time_total / stats.time_total * stats.new_tokens / max(base.new_tokens, 1):.2f}x measured "
-          f"(tokens/s {stats.tokens_per_s:.1f} vs {base.tokens_per_s:.1f}), {stats.theoretical_speedup:.2f}x theoretical")
+    speedup = base.time_total / stats.time_total * stats.new_tokens / max(base.new_tokens, 1)
+    print(f"speedup {speedup:.2f}x measured (tokens/s {stats.tokens_per_s:.1f} vs {base.tokens_per_s:.1f}), "
+          f"{stats.theoretical_speedup:.2f}x theoretical")
     if sampling.temperature == 0: print(f"greedy outputs identical: {tokens == base_tokens}")
   return 0
 

@@ -52,17 +52,21 @@ def snapshot(repo:str) -> pathlib.Path:
 def _url(repo:str, file:str) -> str: return f"{endpoint()}/{repo}/resolve/main/{file}"
 
 def _open(repo:str, file:str):
-  try: return urllib.request.urlopen(urllib.request.Request(_url(repo, file), headers={"User-Agent": "spec"}), timeout=30)
-  except urllib.error.HTTPError as e: raise HubError(f"cannot download {_url(repo, file)}: HTTP {e.code} {e.reason}") from None
+  request = urllib.request.Request(_url(repo, file), headers={"User-Agent": "spec"})
+  try: return urllib.request.urlopen(request, timeout=30)
+  except urllib.error.HTTPError as e:
+    raise HubError(f"cannot download {_url(repo, file)}: HTTP {e.code} {e.reason}") from None
   except (urllib.error.URLError, OSError) as e:
-    raise HubError(f"cannot download {repo} from {endpoint()} ({getattr(e, 'reason', e)}): offline? set HF_HUB_OFFLINE=1 "
-                   "with the model in the Hugging Face cache, or pass a local checkpoint directory") from None
+    raise HubError(f"cannot download {repo} from {endpoint()} ({getattr(e, 'reason', e)}): offline? set "
+                   "HF_HUB_OFFLINE=1 with the model in the Hugging Face cache, or pass a local checkpoint directory") \
+                   from None
 
 def _get(repo:str, file:str) -> tuple[bytes, str]:
   """A small file and the revision main resolved to (the hub's X-Repo-Commit; else a hash of the file)."""
   with _open(repo, file) as r:
     try: body = r.read()
-    except (OSError, http.client.HTTPException) as e: raise HubError(f"download of {_url(repo, file)} failed ({e!r})") from None
+    except (OSError, http.client.HTTPException) as e:
+      raise HubError(f"download of {_url(repo, file)} failed ({e!r})") from None
     return body, r.headers.get("X-Repo-Commit") or hashlib.sha1(body).hexdigest()
 
 def _download_weights(repo:str, dest:pathlib.Path) -> None:
@@ -76,9 +80,11 @@ def _download_weights(repo:str, dest:pathlib.Path) -> None:
       try:
         while chunk := r.read(1 << 20):
           done += f.write(chunk)
-          if sys.stderr.isatty(): print(f"\rdownloading {repo} {dest.name}: {done/1e6:.0f} of {total/1e6:.0f} MB", end="", file=sys.stderr)
+          if sys.stderr.isatty():
+            print(f"\rdownloading {repo} {dest.name}: {done/1e6:.0f} of {total/1e6:.0f} MB", end="", file=sys.stderr)
       except (OSError, http.client.HTTPException) as e:
-        raise HubError(f"download of {_url(repo, dest.name)} was cut off after {done} bytes ({e!r}); nothing was cached") from None
+        raise HubError(f"download of {_url(repo, dest.name)} was cut off after {done} bytes ({e!r}); nothing was "
+                       "cached") from None
       if sys.stderr.isatty(): print(file=sys.stderr)
     if total and done < total:
       raise HubError(f"download of {_url(repo, dest.name)} was cut off: {done} of {total} bytes; nothing was cached")
@@ -91,13 +97,17 @@ def safetensors_extent(fn:pathlib.Path) -> tuple[int, int]:
   with open(fn, "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]
     header = json.loads(f.read(n))
-  return 8 + n + max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0), fn.stat().st_size
+  end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+  return 8 + n + end, fn.stat().st_size
 
 def _check_safetensors(fn:pathlib.Path, what:str) -> None:
   """The header's tensors must all lie within the bytes that arrived (a server may announce a short length)."""
   try: end, size = safetensors_extent(fn)
-  except (struct.error, ValueError, KeyError, TypeError) as e: raise HubError(f"{what} is not a valid safetensors file ({e}); nothing was cached") from None
-  if end > size: raise HubError(f"download of {what} is incomplete: its header describes {end} bytes, {size} arrived; nothing was cached")
+  except (struct.error, ValueError, KeyError, TypeError) as e:
+    raise HubError(f"{what} is not a valid safetensors file ({e}); nothing was cached") from None
+  if end > size:
+    raise HubError(f"download of {what} is incomplete: its header describes {end} bytes, {size} arrived; nothing was "
+                   "cached")
 
 def _write_atomically(fn:pathlib.Path, data:bytes) -> None:
   fn.parent.mkdir(parents=True, exist_ok=True)

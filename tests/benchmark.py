@@ -31,8 +31,7 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.codegen import to_program_cache
 from tinygrad.nn.state import get_state_dict
 import models, spec
-from models.linear import best_seconds
-from spec import Sampling, autoregressive_generate, speculative_generate
+from spec import Sampling, best_seconds, autoregressive_generate, speculative_generate
 
 PROMPTS = ["The Python interpreter", "A dictionary is", "To install a package"]
 REPETITIVE = [  # context that repeats itself, where prompt lookup has something to copy
@@ -70,9 +69,9 @@ def forward_time(model:models.GPT2, width:int, reps:int=5, pos:int=100) -> float
   warm-up: the model's step itself, as the rounds call it, not GPT2.__call__, whose copy of its input tokens is
   scheduled anew on every call (1.7 ms on the shared pair's target)."""
   x = Tensor([[models.EOT] * width], dtype=dtypes.int32).realize()
-  step = model.jit(model.forward, width)
-  run = lambda: step(x, model.positions.bind(pos))
-  for _ in range(2): run()
+  step = model.jit(models.GPT2.forward, width)
+  run = lambda: step(model, x, model.positions.bind(pos))
+  for _ in range(3): run()
   return best_seconds(run, reps)
 
 def sizes(model:models.GPT2) -> tuple[int, int]:

@@ -19,7 +19,7 @@ def run(args, capsys) -> tuple[int, str, str]:
 def test_help_explains_every_flag():
   out = subprocess.run([sys.executable, "spec.py", "--help"], cwd=ROOT, capture_output=True, text=True)
   assert out.returncode == 0
-  for flag in ("--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
+  for flag in ("--plain", "--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
                "--ngram-max", "--ngram-min", "--dtype", "--verify", "--search", "auto"):
     assert flag in out.stdout
@@ -35,6 +35,16 @@ def test_json_with_compare(capsys):
   for key in ("new_tokens", "rounds", "draft_passes", "drafted", "accepted", "acceptance_rate", "r_prime", "tokens_per_s",
               "time_draft", "time_verify", "time_other", "t_draft", "t_target", "theoretical_speedup"):
     assert key in obj["stats"], key
+
+@pytest.mark.backend
+def test_plain_generates_what_the_engine_generates(capsys):
+  """--plain: the port on tinygrad alone, said in the JSON, and token for token the engine's greedy output."""
+  outputs = []
+  for plain in ([], ["--plain"]):
+    code, out, _ = run(pair() + plain + ["--prompt", "A dictionary is", "-n", "12", "--json"], capsys)
+    assert code == 0
+    outputs.append(json.loads(out))
+  assert [o["plain"] for o in outputs] == [False, True] and outputs[0]["tokens"] == outputs[1]["tokens"]
 
 def test_prompt_lookup_with_auto_lookahead(capsys):
   code, out, _ = run(pair()[:2] + ["--search", "0", "--draft", "ngram", "-K", "auto", "--prompt", "A list is a list. A list is", "-n", "16",
@@ -95,6 +105,7 @@ def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
   (["--dtype", "bfloat16"], "argument --dtype: invalid choice: 'bfloat16'"),
   (["--verify", "tree"], "argument --verify: invalid choice: 'tree'"),
   (["--search", "-1"], "search must be >= 0"),
+  (["--plain", "--search", "1"], "--search is the engine's kernel search: drop --plain to use it"),
 ])
 def test_bad_input_one_line_exit_2(args, words, capsys):
   code, _, err = run(["--prompt", "x"] + args, capsys)

@@ -140,7 +140,7 @@ def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monk
             autoregressive_generate(target, [5, 6, 7], 10, Sampling(1.0), seed=3, eos=None)[0])
   first = run()
   captured = []
-  monkeypatch.setattr(models.gpt2.Step, "save", lambda self: captured.append(self.what))
+  monkeypatch.setattr(models.engine.store, "save", lambda jit, model, path: captured.append(path))
   assert run() == first
   assert captured == [], f"captured again: {captured}"
 
@@ -149,8 +149,8 @@ def test_the_rounds_call_only_steps_that_warm_up_called_twice(tiny_dir, tmp_path
   """A step's first call captures it, or links a stored one (0.15 s on the shared pair), and its second is slower than
   the rest: both belong to warm-up, not to the timed rounds (a run that loaded its steps reported half its speed)."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
-  calls, at_start, call, output = collections.Counter(), [], models.gpt2.Step.__call__, spec.Output
-  monkeypatch.setattr(models.gpt2.Step, "__call__", lambda self, *args: calls.update([self]) or call(self, *args))
+  calls, at_start, call, output = collections.Counter(), [], models.engine.Step.__call__, spec.Output
+  monkeypatch.setattr(models.engine.Step, "__call__", lambda self, *args: calls.update([self]) or call(self, *args))
   monkeypatch.setattr(spec, "Output", lambda *args: at_start.append(calls.copy()) or output(*args))  # the rounds begin
   for run in ("captured", "loaded"):
     target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from tinygrad.uop.ops import Ops
 import models, spec
-from models import gpt2
+from models import GPT2, engine
+from models.engine import store
 import conftest
 from conftest import ROOT, TINY, load, random_weights, write_checkpoint
 
@@ -19,7 +20,7 @@ target, draft = (models.load(path, sys.argv[2]) for path in sys.argv[3:5])
 out = []
 for K in json.loads(sys.argv[5]):
   for sampling in (spec.Sampling(0.0), spec.Sampling(1.0)):
-    tokens, stats = spec.speculative_generate(target, draft, [5, 6, 7], K, 30, sampling, seed=1, eos=None)
+    tokens, stats = spec.speculative_generate(target, draft, [5, 6, 7], K, 16, sampling, seed=1, eos=None)
     out.append([tokens, stats.accepted])
 print(json.dumps(out))
 """
@@ -28,7 +29,7 @@ def generations(target, draft, Ks) -> list:
   """RUN's generations in this process, every step captured afresh: what each process of a sequence must give."""
   target, draft = load(target), load(draft)
   return [[tokens, stats.accepted] for K in Ks for sampling in (spec.Sampling(0.0), spec.Sampling(1.0))
-          for tokens, stats in [spec.speculative_generate(target, draft, [5, 6, 7], K, 30, sampling, seed=1, eos=None)]]
+          for tokens, stats in [spec.speculative_generate(target, draft, [5, 6, 7], K, 16, sampling, seed=1, eos=None)]]
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
@@ -69,8 +70,10 @@ def run_step(model, kind:str, key):
   """One call of the step of this kind on model, from the same inputs and state; its outputs and the step."""
   sampling, what = KINDS[kind]
   model.prefill([5, 6, 7, 8])
-  if what == "prefill": return model(list(range(9, 17)), 4, step=False).numpy(), model.jit(model.forward, 8, step=False)
-  if what == "decode": return model([9], 4).numpy(), model.jit(model.forward, 1)
+  if what == "prefill":
+    model.prefill([5, 6, 7, 8] + list(range(9, 17)))
+    return model([17], 12).numpy(), model.jit(GPT2.fill, 8)
+  if what == "decode": return model([9], 4).numpy(), model.jit(GPT2.forward, 1)
   if what == "draft":
     drafter = spec.ModelDraft(model, sampling, key)
     drafter.fed = 4
@@ -78,9 +81,9 @@ def run_step(model, kind:str, key):
     return [block.numpy()] + ([] if p is None else [p.numpy()]), model.jit(spec.propose, 1, K=3, **sampling.static)
   verifier = spec.Verifier(model, sampling, key, "token" if what == "token" else "block")
   one_hot = what == "token" or sampling.temperature == 0
-  p = None if one_hot else spec.warp(spec.padded(model.forward(models.device_tokens([9, 10, 11]), 4)), *sampling.tensors(64),
+  p = None if one_hot else spec.warp(spec.padded(model.forward(spec.device_tokens([9, 10, 11]), 4)), *sampling.tensors(64),
                                      filters=()).realize()
-  result = verifier(models.device_tokens([9, 10, 11, 12]), p, 4, nonce=5)
+  result = verifier(spec.device_tokens([9, 10, 11, 12]), p, 4, nonce=5)
   return result.numpy(), verifier.step(4, one_hot)
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -96,7 +99,7 @@ def test_a_loaded_step_owns_its_buffers_and_computes_what_a_capture_does(tiny_di
   loading = load(tiny_dir / "target")
   loaded, loaded_step = run_step(loading, kind, key)
   assert loaded_step.calls == 1 and loaded_step.fn is not storing_step.fn and loaded_step.captured is not None
-  state = set(gpt2.state_uops(storing).values()) | set(gpt2.state_uops(loading).values())
+  state = set(store.state_uops(storing).values()) | set(store.state_uops(loading).values())
   shared = (step_buffers(loaded_step) & step_buffers(storing_step)) - state
   assert not shared, f"{kind}: a loaded step shares {len(shared)} buffers with the step that stored it"
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
@@ -110,11 +113,11 @@ def test_a_draft_equal_to_its_target_accepts_everything_from_stored_steps(tiny_d
   by another process): a loaded draft step that computes anything else shows as a rejection."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
   target = str(tiny_dir / "target")
-  store = subprocess.run([sys.executable, "-c", RUN, str(ROOT), conftest.DTYPE, target, target, "[4]"],
+  storing = subprocess.run([sys.executable, "-c", RUN, str(ROOT), conftest.DTYPE, target, target, "[4]"],
                          capture_output=True, text=True)
-  assert store.returncode == 0, store.stderr[-2000:]
+  assert storing.returncode == 0, storing.stderr[-2000:]
   saved = []
-  monkeypatch.setattr(gpt2.Step, "save", lambda self: saved.append(self.what))
+  monkeypatch.setattr(store, "save", lambda jit, model, path: saved.append(path))
   twin, draft = load(target), load(target)
   for sampling in (spec.Sampling(0.0), spec.Sampling(1.0)):
     _, stats = spec.speculative_generate(twin, draft, [5, 6, 7], 4, 30, sampling, seed=1, eos=None)

@@ -1,14 +1,12 @@
-"""A JIT graph for tinygrad devices that have none (the CPU backend, OpenCL): a captured step's kernels replayed from
-a list prepared at capture.
+"""A JIT graph for tinygrad devices that have none (the CPU backend, OpenCL): a captured step's kernels replayed from a
+list prepared at capture.
 
 A TinyJit replays its kernels one by one through tinygrad's general executor, which resolves each kernel's buffers,
-launch sizes and variables again on every call: ~45 us of Python a kernel on the 2-core Xeon (40 chained one-element
-kernels: 49 us each on pocl, 20 on the CPU backend; replayed: 16 and 4). A decode runs ~20 kernels a layer, so small
-models paid more for dispatch than for their kernels (gpt2 decode, CPU backend: 54 -> 47 ms). Devices with a graph of
-their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner interface, filled in for the rest.
+launch sizes and variables again on every call; small models paid more for that than for their kernels. Devices with a
+graph of their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner interface, filled in for the rest.
 """
 from __future__ import annotations
-import time
+import contextlib, time
 from tinygrad import Device
 from tinygrad.engine.jit import GraphRunner
 from tinygrad.engine.realize import get_call_arg_uops, resolve_params
@@ -23,7 +21,8 @@ class Replay(GraphRunner):
     self.launches, var_vals = [], {v: 0 for v in self.vars}   # placeholder values until a call binds them
     for call, runtime in zip(self.linear.src, self.runtimes):
       global_size, local_size = call.src[0].arg.launch_dims(var_vals)
-      self.launches.append((runtime, self.buffers(call, input_uops), [global_size, local_size], list(call.src[0].arg.vals(var_vals))))
+      vals = list(call.src[0].arg.vals(var_vals))
+      self.launches.append((runtime, self.buffers(call, input_uops), [global_size, local_size], vals))
     self.with_inputs = [j for j, call in enumerate(self.linear.src)
                         if any(u.op is Ops.PARAM for arg in get_call_arg_uops(call) for u in arg.toposort())]
 
@@ -36,7 +35,8 @@ class Replay(GraphRunner):
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
     for j in self.with_inputs: self.launches[j][1][:] = self.buffers(self.linear.src[j], input_uops)
     for j, i, value in self.updated_vars(var_vals): self.launches[j][3][i] = value
-    for j, global_size, local_size in self.updated_launch_dims(var_vals): self.launches[j][2][:] = global_size, local_size
+    for j, global_size, local_size in self.updated_launch_dims(var_vals):
+      self.launches[j][2][:] = global_size, local_size
     t0 = time.perf_counter()
     for runtime, bufs, (global_size, local_size), vals in self.launches:
       runtime(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals))
@@ -44,6 +44,12 @@ class Replay(GraphRunner):
     Device[self.device].synchronize()
     return time.perf_counter() - t0
 
-def install(device:str) -> None:
-  """Replay a JIT's captures on device from now on, unless tinygrad has a graph for it."""
-  if Device[device].graph is None: Device[device].graph = Replay
+@contextlib.contextmanager
+def graph(device:str):
+  """Captures and replays on device use Replay meanwhile, unless tinygrad has a graph for it: only the engine's
+  steps."""
+  plain = Device[device].graph is None
+  if plain: Device[device].graph = Replay
+  try: yield
+  finally:
+    if plain: Device[device].graph = None

@@ -1,0 +1,66 @@
+"""Captured steps stored on disk, so that a later process loads a step instead of lowering its kernels again.
+
+A file holds a pickled TinyJit: kernels and the layout of intermediate buffers, with the model's weights and KV cache
+written as their names, so a loaded step runs on the loading model's own. The name hashes everything the kernels depend
+on (step_file()). docs/engine.md says where the files go and how to clear them.
+"""
+from __future__ import annotations
+import dataclasses, hashlib, importlib.metadata, inspect, os, pathlib, pickle
+from tinygrad import UOp, Device
+from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
+from tinygrad.nn.state import get_state_dict
+from tinygrad.uop.ops import Ops
+
+def state_uops(model) -> dict[str, UOp]:
+  """The model's weights and KV cache by name (not what its steps return, which get_state_dict also finds)."""
+  return {name: t.uop.base for name, t in get_state_dict(model).items() if not name.startswith("jits.")}
+
+def save(jit, model, path:pathlib.Path) -> None:
+  """jit pickled to path, the model's state by name; whole or not at all, whoever else writes it."""
+  names = {id(u): name for name, u in state_uops(model).items()}
+  tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as f: _StatePickler(f, names).dump(jit)
+    os.replace(tmp, path)
+  except OSError: tmp.unlink(missing_ok=True)  # a read-only store: every run captures
+
+def load(model, path:pathlib.Path):
+  """The captured TinyJit stored at path, on model's state; None if there is none or it cannot be read."""
+  if not path.is_file(): return None
+  try:
+    with open(path, "rb") as f: jit = _StateUnpickler(f, state_uops(model)).load()
+  except Exception: return None            # an interrupted write, another version: capture and rewrite
+  return jit if getattr(jit, "captured", None) is not None else None
+
+class _StatePickler(pickle.Pickler):
+  def __init__(self, f, names:dict[int, str]): super().__init__(f, pickle.HIGHEST_PROTOCOL); self.names = names
+  def persistent_id(self, obj): return self.names.get(id(obj)) if isinstance(obj, UOp) else None
+
+class _StateUnpickler(pickle.Unpickler):
+  def __init__(self, f, uops:dict[str, UOp]): super().__init__(f); self.uops = uops
+  def persistent_load(self, name): return self.uops[name]
+  def find_class(self, module, name):
+    found = super().find_class(module, name)
+    return _renumbered if found is UOp else found
+
+def _renumbered(op, dtype=None, src=(), arg=None, tag=None, metadata=None, *buffer) -> UOp:
+  """A stored step's own buffers numbered anew in this process. tinygrad interns UOps by their fields, a buffer's number
+  among them: with the storing process's numbers, a loaded step's buffer was whichever live buffer of this process had
+  that number and size (another model's weights, a step captured later), and both wrote it."""
+  if op is Ops.BUFFER and arg.device is not None: arg = dataclasses.replace(arg, slot=next(UOp.unique_num))
+  return UOp(op, dtype, src, arg, tag, metadata, *buffer)
+
+def step_file(model, fn, key:tuple, search:int) -> pathlib.Path|None:
+  """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache, and
+  nowhere with CACHELEVEL=0. The name hashes the code of the port and the engine and of fn's module, tinygrad's version,
+  device and settings, the model's shape and dtype, the search width and the step's arguments."""
+  root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
+  if not root or CACHELEVEL.value == 0: return None
+  models = pathlib.Path(__file__).parent.parent
+  files = sorted({*models.glob("*.py"), *models.glob("engine/*.py"), pathlib.Path(inspect.getsourcefile(fn))})
+  settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
+  what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
+          model.cfg, model.dtype, search, key)
+  code = b"".join(f.read_bytes() for f in files)
+  return pathlib.Path(root) / f"{hashlib.sha256(code + repr(what).encode()).hexdigest()[:32]}.pkl"
