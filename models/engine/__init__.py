@@ -33,12 +33,13 @@ def apply(model:GPT2, search:int=0) -> GPT2:
 def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
   has its kernels chosen first, for its width and for one token (a draft's step runs T tokens, then one at a time),
-  and searched when search > 0; a prefill pass runs once per prompt, on tinygrad's default kernels."""
+  and searched when search > 0; a prefill pass runs once per prompt, on tinygrad's default kernels (whatever the
+  tables hold by then: a stored pass is the same whichever process captured it)."""
   model, (name, T) = model_ref(), key[:2]
   step = name != GPT2.fill.__name__ and T <= STEP_WIDTH
   if step: choose_kernels(model, {1, T})
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
-  return Step(fn, search if step else 0, what, model, store.step_file(model, fn.func, key, search))
+  return Step(fn, search if step else 0, what, model, store.step_file(model, fn.func, key, search), formulas=not step)
 
 def choose_kernels(model:GPT2, widths) -> None:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over all
@@ -55,9 +56,10 @@ def choose_kernels(model:GPT2, widths) -> None:
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
-  replayed through replay.py's graph, stored at `path` once captured, and loaded from there by a later process."""
-  def __init__(self, fn, search:int, what:str, model:GPT2, path):
-    self.search, self.what, self.model, self.path = search, what, weakref.ref(model), path
+  or with the formulas only, replayed through replay.py's graph, stored at `path` once captured, and loaded from there
+  by a later process."""
+  def __init__(self, fn, search:int, what:str, model:GPT2, path, formulas:bool=False):
+    self.search, self.what, self.model, self.path, self.formulas = search, what, weakref.ref(model), path, formulas
     self.fn = (path and store.load(model, path)) or TinyJit(fn)
     self.calls = 0
   captured = property(lambda self: self.fn.captured)
@@ -69,10 +71,19 @@ class Step:
     with replay.graph(Device.DEFAULT):
       if self.fn.captured is not None: return self.fn(*args)
       searched = " with searched kernels" if self.search else ""
-      with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"):
+      with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"), \
+           (formulas() if self.formulas else contextlib.nullcontext()):
         for _ in range(2): ret = self.fn(*args)   # plainly, then captured: both now, on the same inputs
     if self.path is not None: store.save(self.fn, self.model(), self.path)
     return ret
+
+@contextlib.contextmanager
+def formulas():
+  """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
+  saved = lanes.use_lanes, attention.use_kernels, norm.use_kernel
+  lanes.use_lanes, attention.use_kernels, norm.use_kernel = {}, {}, {}
+  try: yield
+  finally: lanes.use_lanes, attention.use_kernels, norm.use_kernel = saved
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):

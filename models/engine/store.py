@@ -7,7 +7,8 @@ on (step_file()). docs/engine.md says where the files go and how to clear them.
 from __future__ import annotations
 import dataclasses, hashlib, importlib.metadata, inspect, os, pathlib, pickle
 from tinygrad import UOp, Device
-from tinygrad.helpers import CACHEDB, CACHELEVEL, ContextVar
+from tinygrad.codegen import to_program_context
+from tinygrad.helpers import BEAM, CACHEDB, CACHELEVEL, JIT, ContextVar
 from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops
 
@@ -59,7 +60,11 @@ def step_file(model, fn, key:tuple, search:int) -> pathlib.Path|None:
   if not root or CACHELEVEL.value == 0: return None
   models = pathlib.Path(__file__).parent.parent
   files = sorted({*models.glob("*.py"), *models.glob("engine/*.py"), pathlib.Path(inspect.getsourcefile(fn))})
-  settings = sorted((k, str(v.value)) for k, v in ContextVar._cache.items())
+  # the settings that shape programs (tinygrad's own list) and any set in the environment: not every ContextVar, as
+  # which exist depends on the tinygrad modules a process happened to import
+  shaping = (*to_program_context, BEAM, JIT)
+  settings = sorted({(v.key, str(v.value)) for v in shaping} | {(k, str(v.value)) for k, v in ContextVar._cache.items()
+                                                                if k in os.environ})
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
           model.cfg, model.dtype, search, key)
   code = b"".join(f.read_bytes() for f in files)
