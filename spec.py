@@ -601,6 +601,9 @@ def parse_args(argv=None):
                   "result); 0: tinygrad's default kernels")
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for "
                   "benchmarks)")
+  ap.add_argument("--self-check", action="store_true", help="check exactness on this device with tiny random models "
+                  "made on the spot (whole rounds enumerated, greedy identity, a chi-square test), with the engine and "
+                  "with --plain, in --dtype (auto: float32); exit 1 on any failure")
   return ap.parse_args(argv)
 
 def read_prompt(path:str) -> str:
@@ -614,6 +617,10 @@ def main(argv=None) -> int:
   args, trace = parse_args(argv), None
   try:
     models.check_device()
+    if args.self_check:   # the porter's check, beside the tests it is written like
+      sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+      import self_check
+      return 1 if self_check.run("float32" if args.dtype == "auto" else args.dtype) else 0
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     if args.plain and args.search: raise ValueError("--search is the engine's kernel search: drop --plain to use it")

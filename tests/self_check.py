@@ -1,0 +1,178 @@
+"""python spec.py --self-check: what a porter runs on their own device after changing a backend.
+
+On tiny random models made on the spot (nothing downloaded), on tinygrad's device (DEV) in the dtype asked for:
+  - whole rounds enumerated exactly on the device: every draft path of K 2 over 4 tokens, the device rule's stop
+    probabilities and residuals, against the target's joint distribution (the float64 definition), under both rules,
+    with a sampled and a one-hot draft, with temperature 1 and with top-k on;
+  - greedy identity: speculative sampling at K 1 and 4 (both rules at 4) emits the target alone's greedy tokens;
+  - a chi-square test of 600 sampled tokens against the target's exact distribution, and its negative control (the
+    draft's tokens against the same distribution must fail it);
+the model checks with the engine and with --plain. One line per check: what, its figure, PASS or FAIL. Exit 1 on any
+failure.
+"""
+from __future__ import annotations
+import itertools, math, os, pathlib, sys, tempfile, time
+import numpy as np
+from tinygrad import Tensor, Device, dtypes
+from tinygrad.nn.state import safe_save
+import models, spec
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)
+
+def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise:float=0.0) -> str:
+  """A random GPT-2 in the Hugging Face layout; noise: seed's model plus that much of another's, a draft that agrees
+  with it often, not always. constant: ln_f's weight 0, so every position's logits are ln_f.bias @ wte.T: the next
+  token does not depend on the context, and sampled tokens are independent draws."""
+  rng, C, V = np.random.default_rng(seed), TINY["n_embd"], TINY["vocab_size"]
+  w = lambda *shape: (rng.standard_normal(shape) * 0.3).astype(np.float32)
+  weights = {"wte.weight": w(V, C), "wpe.weight": w(TINY["n_positions"], C), "ln_f.weight": 1 + w(C), "ln_f.bias": w(C)}
+  for i in range(TINY["n_layer"]):
+    weights |= {f"h.{i}.{k}": v for k, v in {"ln_1.weight": 1 + w(C), "ln_1.bias": w(C), "ln_2.weight": 1 + w(C),
+                "ln_2.bias": w(C), "attn.c_attn.weight": w(C, 3*C), "attn.c_attn.bias": w(3*C), "attn.c_proj.weight": w(C, C),
+                "attn.c_proj.bias": w(C), "mlp.c_fc.weight": w(C, 4*C), "mlp.c_fc.bias": w(4*C), "mlp.c_proj.weight": w(4*C, C),
+                "mlp.c_proj.bias": w(C)}.items()}
+  if noise: weights = {k: v + noise * np.random.default_rng(seed + 100).standard_normal(v.shape).astype(np.float32)
+                       for k, v in weights.items()}
+  if constant: weights["ln_f.weight"][:], weights["ln_f.bias"][:] = 0, rng.standard_normal(C)
+  (path := root / name).mkdir()
+  (path / "config.json").write_text(str({"activation_function": "gelu_new", **TINY}).replace("'", '"'))
+  safe_save({k: Tensor(v, device="CPU") for k, v in weights.items()}, str(path / "model.safetensors"))
+  return str(path)
+
+# ***** whole rounds, enumerated *****
+
+def tables(V:int, seed:int, sharp:float, sampling:spec.Sampling, one_hot:bool):
+  """An autoregressive toy model: next-token distributions for every prefix, warped by the device's warp()."""
+  cache = {}
+  def dist(prefix:tuple) -> np.ndarray:
+    if prefix not in cache:
+      if one_hot: cache[prefix] = np.eye(V)[hash((seed, prefix)) % V]   # a deterministic draft, as prompt lookup is
+      else:
+        logits = (sharp * np.random.default_rng([seed, *prefix]).standard_normal(V)).astype(np.float32)
+        warped = spec.warp(Tensor(logits[None]), *sampling.tensors(V), filters=sampling.static["filters"])
+        cache[prefix] = (t := warped.numpy()[0].astype(np.float64)) / t.sum()   # float32's rounding, renormalized
+    return cache[prefix]
+  return dist
+
+def block_distribution(p, q, K:int, V:int, rule:str, dtype) -> dict[tuple, float]:
+  """The distribution of the block a round emits, over every draft path, from the device rule's own stop probabilities
+  and residuals (spec.acceptance, spec.block_acceptance, spec.residual) computed in dtype."""
+  out: dict[tuple, float] = {}
+  for path in itertools.product(range(V), repeat=K):
+    P = np.stack([p((0,) + path[:t]) for t in range(K)] + [np.zeros(V)])
+    Q = np.stack([q((0,) + path[:t]) for t in range(K + 1)])
+    prob = np.prod([P[t, x] for t, x in enumerate(path)])
+    if prob == 0: continue
+    dev, drafted = (lambda a: Tensor(a.astype(np.float64), dtype=dtype)), Tensor(list(path), dtype=dtypes.int32)
+    if rule == "token":
+      a = spec.acceptance(dev(P[:K]), dev(Q[:K]), drafted).numpy().astype(np.float64)
+      stop, res = np.cumprod(np.concatenate([[1.0], a])) * np.append(1 - a, 1.0), spec.residual(dev(P), dev(Q))
+    else:
+      w, h = (t.numpy().astype(np.float64) for t in spec.block_acceptance(dev(P), dev(Q), drafted))
+      stop, res = h * np.append(np.cumprod((1 - h)[::-1])[::-1][1:], 1.0), spec.residual(dev(P), dev(w[:, None] * Q))
+    res = res.numpy().astype(np.float64)
+    for n in np.flatnonzero(stop):
+      for y in range(V): out[path[:n] + (y,)] = out.get(path[:n] + (y,), 0) + prob * stop[n] * res[n, y]
+  return out
+
+def joint_error(blocks:dict, q, K:int, V:int) -> float:
+  """Each emitted block extended to K+1 tokens by the target: the largest difference from the target's own joint."""
+  joint = {}
+  for block, prob in blocks.items():
+    for tail in itertools.product(range(V), repeat=K + 1 - len(block)):
+      seq = block + tail
+      joint[seq] = joint.get(seq, 0) + prob * np.prod([q((0,) + seq[:i])[seq[i]] for i in range(len(block), K + 1)])
+  return max(abs(joint.get(s, 0) - np.prod([q((0,) + s[:i])[s[i]] for i in range(K + 1)]))
+             for s in itertools.product(range(V), repeat=K + 1))
+
+def enumeration_checks(report) -> None:
+  float64 = dtypes.float64 in Device[Device.DEFAULT].renderer.supported_dtypes()
+  dtype, tolerance = (dtypes.float64, 1e-9) if float64 else (dtypes.float32, 1e-5)
+  K, V = 2, 4
+  for name, sampling in (("T 1", spec.Sampling(1.0)), ("T 0.8, top-k 2", spec.Sampling(0.8, top_k=2))):
+    for draft in ("sampled", "one-hot"):
+      p, q = tables(V, 1, 1.0, sampling, draft == "one-hot"), tables(V, 2, 1.5, sampling, False)
+      for rule in spec.RULES:
+        error = joint_error(block_distribution(p, q, K, V, rule, dtype), q, K, V)
+        report(f"round enumerated, {rule} rule, {draft} draft, {name} ({dtype.name} on the device)",
+               f"max error {error:.1e} (<= {tolerance:.0e})", error <= tolerance)
+
+# ***** the models *****
+
+def greedy_checks(report, target, draft, label:str) -> None:
+  prompt, n = [5, 9, 2], 32
+  alone = spec.autoregressive_generate(target, prompt, n, eos=None)[0]
+  for K, rule in ((1, "block"), (4, "block"), (4, "token")):
+    got, stats = spec.speculative_generate(target, draft, prompt, K, n, eos=None, verification=rule)
+    first = next((i for i, (a, b) in enumerate(zip(got, alone)) if a != b), None)
+    report(f"greedy identity, K {K}, {rule} rule, {label}",
+           f"{n} tokens, alpha {stats.acceptance_rate:.2f}" + ("" if first is None else f", first difference at {first}"),
+           first is None)
+
+def chi_square(counts:np.ndarray, probs:np.ndarray) -> float:
+  """P(chi-square >= the statistic) of counts against probs, categories expected fewer than 5 times pooled."""
+  expected = counts.sum() * probs
+  rare = expected < 5
+  obs, exp = np.append(counts[~rare], counts[rare].sum()), np.append(expected[~rare], expected[rare].sum())
+  keep = exp > 0
+  x, k = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+  return chi2_sf(x, k)
+
+def chi2_sf(x:float, k:int) -> float:
+  """The chi-square distribution's upper tail: the regularized gamma Q(k/2, x/2), by its series or continued fraction."""
+  a, x = k / 2, x / 2
+  if x <= 0: return 1.0
+  front = math.exp(-x + a * math.log(x) - math.lgamma(a))
+  if x < a + 1:
+    term = total = 1 / a
+    for n in range(1, 1000):
+      term *= x / (a + n); total += term
+      if term < total * 1e-15: break
+    return 1 - front * total
+  b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
+  h = d
+  for i in range(1, 1000):
+    an, b = -i * (i - a), b + 2
+    d = 1 / (an * d + b or 1e-300); c = b + an / c or 1e-300; h *= d * c
+    if abs(d * c - 1) < 1e-15: break
+  return front * h
+
+def sampling_checks(report, target, draft, label:str, n:int=600, rule:str="block") -> None:
+  """target and draft have context-free next-token distributions q and p: every sampled token is a draw from q."""
+  q = target.forward(Tensor([[0]]), 0)[0].softmax().numpy().astype(np.float64)
+  q /= q.sum()
+  count = lambda tokens: np.bincount(tokens, minlength=len(q))
+  tokens, stats = spec.speculative_generate(target, draft, [0], 2, n, spec.Sampling(1.0), seed=11, eos=None,
+                                            verification=rule)
+  pvalue = chi_square(count(tokens), q)
+  report(f"chi-square, {n} tokens at T 1, K 2, {rule} rule, {label}", f"p {pvalue:.3f} (> 1e-3), alpha "
+         f"{stats.acceptance_rate:.2f}", pvalue > 1e-3)
+  control = chi_square(count(spec.autoregressive_generate(draft, [0], n, spec.Sampling(1.0), seed=11, eos=None)[0]), q)
+  report(f"chi-square's negative control, the draft's {n} tokens, {label}", f"p {control:.1e} (< 1e-3)", control < 1e-3)
+
+def run(dtype:str="float32") -> int:
+  """Every check, one line each; the number that failed."""
+  failed, t0 = [], time.perf_counter()
+  def report(what:str, figure:str, ok:bool):
+    print(f"{'PASS' if ok else 'FAIL'}  {what}: {figure}", flush=True)
+    if not ok: failed.append(what)
+  print(f"spec self-check on {Device.DEFAULT} ({Device[Device.DEFAULT].renderer.target}), {dtype}", flush=True)
+  saved = os.environ.get("SPEC_STEP_CACHE")
+  os.environ["SPEC_STEP_CACHE"] = ""   # every step captured here, none loaded: the check is of this code on this device
+  try:
+    enumeration_checks(report)
+    with tempfile.TemporaryDirectory() as d:
+      root = pathlib.Path(d)
+      paths = [checkpoint(root, name, seed, constant, noise) for name, seed, constant, noise in
+               (("target", 1, False, 0), ("draft", 1, False, 0.1), ("target-iid", 3, True, 0), ("draft-iid", 4, True, 0))]
+      for plain in (False, True):
+        label = "plain" if plain else "engine"
+        target, draft, target_iid, draft_iid = (models.load(p, dtype, plain=plain) for p in paths)
+        greedy_checks(report, target, draft, label)
+        sampling_checks(report, target_iid, draft_iid, label)
+  finally:
+    if saved is None: del os.environ["SPEC_STEP_CACHE"]
+    else: os.environ["SPEC_STEP_CACHE"] = saved
+  print(f"{'FAILED: ' + str(len(failed)) + ' of the checks' if failed else 'all checks passed'} "
+        f"({time.perf_counter() - t0:.0f} s)", flush=True)
+  return len(failed)

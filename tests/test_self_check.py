@@ -1,0 +1,50 @@
+"""python spec.py --self-check: it passes on this device, and it fails when a rule is broken."""
+import subprocess, sys
+import pytest
+import spec
+import self_check
+from conftest import ROOT
+
+def test_the_self_check_passes_and_says_what_it_checked():
+  out = subprocess.run([sys.executable, "spec.py", "--self-check"], cwd=ROOT, capture_output=True, text=True)
+  lines = out.stdout.splitlines()
+  assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+  assert lines[0].startswith("spec self-check on ") and lines[-1].startswith("all checks passed")
+  checks = [l for l in lines if l.startswith(("PASS", "FAIL"))]
+  assert len(checks) == 18 and all(l.startswith("PASS") for l in checks)
+  for words in ("round enumerated, block rule, one-hot draft", "round enumerated, token rule, sampled draft, T 0.8, top-k 2",
+                "greedy identity, K 4, token rule, plain", "chi-square's negative control", "chi-square, 600 tokens"):
+    assert any(words in l for l in checks), words
+
+def failures(monkeypatch, name:str, broken) -> list[str]:
+  """The self-check's failing lines with spec's function `name` replaced by broken (stored steps are off in it)."""
+  monkeypatch.setattr(spec, name, broken)
+  lines = []
+  report = lambda what, figure, ok: None if ok else lines.append(what)
+  self_check.enumeration_checks(report)
+  return lines
+
+@pytest.mark.backend
+def test_the_self_check_fails_when_a_rule_is_broken(monkeypatch, tmp_path):
+  """The negative controls of the tests, through the self-check: acceptance doubled (the seed's r ~ U[0, 0.5]) fails the
+  token rule's enumerations, a block rule without the 1 - w_i term the block rule's, and always accepting fails the
+  chi-square test."""
+  lenient = lambda p, q, x, acceptance=spec.acceptance: (acceptance(p, q, x) * 2).minimum(1)
+  token = failures(monkeypatch, "acceptance", lenient)
+  assert token and all("token rule" in l for l in token) and any("one-hot" in l for l in token), token
+  monkeypatch.undo()
+  def eager(P, Q, drafted, block_acceptance=spec.block_acceptance):
+    w, h = block_acceptance(P, Q, drafted)
+    m = (w.unsqueeze(-1) * Q - P).relu().sum(-1)
+    return w, (spec.Tensor.arange(h.shape[0]) == 0).where(1, m / (m + 1))
+  block = failures(monkeypatch, "block_acceptance", eager)
+  assert block and all("block rule" in l for l in block), block
+  monkeypatch.undo()
+  always = lambda p, q, x, acceptance=spec.acceptance: acceptance(p, q, x) * 0 + 1
+  monkeypatch.setattr(spec, "acceptance", always)
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")
+  lines = []
+  target, draft = (spec.models.load(self_check.checkpoint(tmp_path, name, seed, True), plain=True) for name, seed in
+                   (("target", 3), ("draft", 4)))
+  self_check.sampling_checks(lambda what, figure, ok: lines.append((what, ok)), target, draft, "plain", rule="token")
+  assert [ok for what, ok in lines] == [False, True], lines   # the test rejects; its control still does
