@@ -318,11 +318,11 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
   round_seconds = prepare(drafter, verifier, K, tokens[0], stats)
   verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
-  out, alpha = Output(tokens, max_new_tokens, eos, on_token, stats), AcceptanceEstimate()
+  out, kept = Output(tokens, max_new_tokens, eos, on_token, stats), KeptEstimate()
   start = synchronize()
   while not out.done:
     t0 = time.perf_counter()
-    k = choose_lookahead(alpha.alpha, round_seconds) if K == "auto" else K
+    k = choose_lookahead(kept, round_seconds) if K == "auto" else K
     block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                        # 1. x~_1..x~_k ~ p
     t1 = synchronize()
     # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
@@ -331,7 +331,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     # k < K: prompt lookup found less
     t2, k = time.perf_counter(), block.shape[1] - 1
     events = round_events(result, k)
-    alpha.update(len(events) - 1, k)
+    kept.update(len(events) - 1, k)
     if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow the rounds
     stats.add_round(k, len(events) - 1, t1 - t0, t2 - t1)
     out.emit(events)
@@ -421,22 +421,27 @@ def time_target_decode(verifier:Verifier, token:int) -> float:
 
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
-def expected_tokens(alpha:float, K:int) -> float:
-  """E[tokens per round] when each drafted token is kept with probability alpha: (1 - alpha^(K+1)) / (1 - alpha), the
-  token-wise figure (block verification keeps at least as many), which is enough to rank the K."""
-  return K + 1.0 if alpha >= 1 else (1 - alpha ** (K + 1)) / (1 - alpha)
-
-def choose_lookahead(alpha:float, round_seconds:dict[int, float]) -> int:
-  """-K auto: the K with the most expected tokens per second, E[tokens | K, alpha] / (seconds of a round with K)."""
-  return max(round_seconds, key=lambda K: expected_tokens(alpha, K) / round_seconds[K])
-
-class AcceptanceEstimate:
-  """A running alpha: every examined draft token is a Bernoulli trial (the ones after the first rejection are never
-  examined), so alpha = kept / (kept + rejected). Old rounds fade; the prior is one of each (alpha 0.5)."""
-  def __init__(self, decay:float=0.95): self.kept, self.rejected, self.decay = 1.0, 1.0, decay
+class KeptEstimate:
+  """-K auto's expected tokens per round, measured from the rule's own rounds: for each drafted position i, the chance
+  that a round keeps it given it kept the ones before (kept_i / reached_i over rounds that drafted position i, old
+  rounds fading). A position seldom reached leans on all positions' rate, so a K not run yet is predicted from the rest.
+  Block verification's gain over token-wise verification shows in these rates; no formula of one alpha is assumed."""
+  def __init__(self, decay:float=0.95, prior:float=2.0):
+    self.kept, self.reached, self.decay, self.prior = [0.0] * max(LOOKAHEADS), [0.0] * max(LOOKAHEADS), decay, prior
   def update(self, accepted:int, K:int):
-    if K: self.kept, self.rejected = self.decay * self.kept + accepted, self.decay * self.rejected + (accepted < K)
-  alpha = property(lambda self: self.kept / (self.kept + self.rejected))
+    for i in range(min(accepted + 1, K)):     # positions 1..accepted kept; the next one, if drafted, reached and not
+      self.kept[i] = self.decay * self.kept[i] + (i < accepted)
+      self.reached[i] = self.decay * self.reached[i] + 1
+  def rate(self, i:int) -> float:
+    overall = (sum(self.kept) + 1) / (sum(self.reached) + 2)                   # one of each before any round
+    return (self.kept[i] + self.prior * overall) / (self.reached[i] + self.prior)
+  def tokens(self, K:int) -> float:
+    """E[tokens per round | K]: 1 + sum over i <= K of P(the round keeps the first i drafts)."""
+    return 1 + sum(math.prod(self.rate(j) for j in range(i + 1)) for i in range(K))
+
+def choose_lookahead(kept:KeptEstimate, round_seconds:dict[int, float]) -> int:
+  """-K auto: the K with the most expected tokens per second, E[tokens | K] / (seconds of a round with K)."""
+  return max(round_seconds, key=lambda K: kept.tokens(K) / round_seconds[K])
 
 # -K auto's seconds of a round by K, per target (weakly: its entries go with it), then per draft model and choices
 _round_seconds: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()

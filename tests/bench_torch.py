@@ -3,14 +3,15 @@
 process on the same machine (ratios from one run). Not a dependency of spec.py or the tests:
 
   pip install torch==2.13.0 transformers
-  python tests/bench_torch.py                 # forward passes (gpt2-xl, gpt2, the shared pair) and generation on the pair
-  python tests/bench_torch.py --passes gpt2,docs   # skip gpt2-xl (random weights, 7.5 GB of memory)
+  python tests/bench_torch.py                 # forward passes (gpt2-xl, gpt2, docs-deep/docs-draft), generation on them
+  python tests/bench_torch.py --passes gpt2,deep   # skip gpt2-xl (random weights, 7.5 GB of memory)
   python tests/bench_torch.py --passes gpt2-xl -n 0   # its passes only, no generation runs
 
 Forward passes: one pass of w tokens after a KV cache of 100 tokens (a decode for w = 1), best of 5, float32, both on
-all cores (torch.set_num_threads(os.cpu_count())). Generation: the shared pair on a dozen English prompts, 64 new
-tokens each, greedy; spec with default flags against transformers' plain
-and assisted generation (assistant_model=the draft, its default settings), both after a warm-up generation.
+all cores (torch.set_num_threads(os.cpu_count())). Generation: the trained pair docs-deep/docs-draft on a dozen English
+prompts, 128 new tokens each, greedy; spec's target alone and speculative sampling with default flags against
+transformers' plain and assisted generation (assistant_model=the draft, num_assistant_tokens=4 as spec's K, the
+constant schedule), each after a warm-up generation.
 """
 import argparse, os, pathlib, sys, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -48,8 +49,9 @@ def timed(fn) -> tuple[float, int]:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--passes", default="gpt2-xl,gpt2,docs", help="comma-separated: gpt2-xl, gpt2 (their shapes, random weights), docs")
-  ap.add_argument("-n", type=int, default=64, help="new tokens per prompt in the generation runs; 0: the passes only")
+  ap.add_argument("--passes", default="gpt2-xl,gpt2,deep", help="comma-separated: gpt2-xl, gpt2 (their shapes, random "
+                  "weights), deep (docs-deep and docs-draft)")
+  ap.add_argument("-n", type=int, default=128, help="new tokens per prompt in the generation runs; 0: the passes only")
   ap.add_argument("--search", type=int, default=0, help="spec's kernel search (spec.py --search)")
   args = ap.parse_args()
   torch.set_num_threads(os.cpu_count())
@@ -58,10 +60,10 @@ def main():
     ours = models.load(name, "float32", dummy=True, search=args.search)
     passes(name + " shapes", ours, hf_model(ours.cfg))
     del ours
-  target, draft = (models.load(str(SHARED / d), "float32", search=args.search) for d in ("docs-target", "docs-draft"))
-  hf_target, hf_draft = (GPT2LMHeadModel.from_pretrained(str(SHARED / d)).eval() for d in ("docs-target", "docs-draft"))
-  if "docs" in args.passes.split(","):
-    passes("docs-target", target, hf_target); passes("docs-draft", draft, hf_draft, widths=(1,))
+  target, draft = (models.load(str(SHARED / d), "float32", search=args.search) for d in ("docs-deep", "docs-draft"))
+  hf_target, hf_draft = (GPT2LMHeadModel.from_pretrained(str(SHARED / d)).eval() for d in ("docs-deep", "docs-draft"))
+  if "deep" in args.passes.split(","):
+    passes("docs-deep", target, hf_target); passes("docs-draft", draft, hf_draft, widths=(1,))
   enc = models.tokenizer()
   prompts = [enc.encode(p) for p in PAIRED_PROMPTS]
   def hf(assisted:bool) -> int:
@@ -69,6 +71,8 @@ def main():
     with torch.no_grad():
       for p in prompts:
         kw = dict(assistant_model=hf_draft) if assisted else {}
+        if assisted: hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+        if assisted: hf_draft.generation_config.num_assistant_tokens = 4
         out = hf_target.generate(torch.tensor([p]), max_new_tokens=args.n, min_new_tokens=args.n, do_sample=False,
                                  pad_token_id=models.EOT, **kw)
         n += out.shape[1] - len(p)
@@ -80,7 +84,7 @@ def main():
   runs = {"spec, target alone": lambda: ours(False), "spec, speculative (default flags)": lambda: ours(True),
           "transformers, target alone": lambda: hf(False), "transformers, assisted generation": lambda: hf(True)}
   if args.n < 1: return
-  print(f"\n### the shared pair: {len(prompts)} prompts x {args.n} new tokens, greedy\n\n| run | tokens/s |\n|---|---|")
+  print(f"\n### docs-deep / docs-draft: {len(prompts)} prompts x {args.n} new tokens, greedy\n\n| run | tokens/s |\n|---|---|")
   for name, fn in runs.items():
     fn()                                                            # warm-up: JIT capture, kernel search, torch's first calls
     seconds, n = timed(fn)

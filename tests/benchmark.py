@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark: speculative vs autoregressive generation on this machine, in one process, after warm-up.
 
-  python tests/benchmark.py            # dummy gpt2-xl/gpt2, the shared docs pair (K = 1, 2, 4, 8, auto; T = 0 and 1),
-                                       # prompt lookup on docs-target with repetitive prompts
+  python tests/benchmark.py            # dummy gpt2-xl/gpt2, the trained pair docs-deep/docs-draft (K = 1, 2, 4, 8, auto;
+                                       # T = 0 and 1), prompt lookup on docs-target with repetitive prompts
   python tests/benchmark.py --quick    # fewer tokens, a smoke run
-  python tests/benchmark.py --pairs docs --json results.json
+  python tests/benchmark.py --pairs deep --json results.json
   python tests/benchmark.py --search 1 # kernels from tinygrad's BEAM search (spec.py --search; minutes the first time)
 
 For each pair and temperature: t_target and t_draft (one-token decodes), t_verify(K+1) (one target pass of width
@@ -16,8 +16,9 @@ the same prompts and token counts. From those:
   efficiency              = measured / overhead-aware  (1.0: the loop around the forward passes costs nothing)
 plus the memory read bandwidth (a matrix-vector product over 1 GiB: tinygrad's, numpy's BLAS on all cores and on
 one), the gpt2-xl decode as a multiple of (weight bytes / bandwidth), its K+1-token passes as multiples of its decode,
-the peak resident memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero). For the shared pair also
-the tokens of paired first rounds under both verification rules (the same drafted block and draws for each).
+the peak resident memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
+For the trained pair also the tokens of paired first rounds under both verification rules (the same drafted block and
+draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
 import argparse, collections, gc, json, os, pathlib, platform, resource, subprocess, sys
@@ -158,22 +159,27 @@ def table(result:dict) -> str:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  ap.add_argument("--pairs", default="xl,docs,ngram", help="comma-separated: xl (dummy gpt2-xl/gpt2), docs (the shared pair), ngram (docs-target with prompt lookup)")
+  ap.add_argument("--pairs", default="xl,deep,ngram", help="comma-separated: xl (dummy gpt2-xl/gpt2), deep (the trained "
+                  "pair docs-deep/docs-draft, 12 prompts x 128 tokens), ngram (docs-target with prompt lookup)")
   ap.add_argument("--quick", action="store_true", help="a smoke run: few tokens and repetitions")
   ap.add_argument("--json", metavar="FILE", help="also write every figure to this file")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the models (as spec.py --dtype)")
   ap.add_argument("--search", type=int, default=0, metavar="N", help="kernels from tinygrad's BEAM search of width N, as "
                   "spec.py --search (minutes the first time on a machine, then cached); 0: tinygrad's default kernels (the "
                   "linear layers' kernels are measured either way)")
+  ap.add_argument("--plain", action="store_true", help="the port alone, without the engine (spec.py --plain)")
   args = ap.parse_args()
+  if args.plain and args.search: ap.error("--search is the engine's: drop --plain")
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
+  load = lambda name, **kw: models.load(name, args.dtype, search=args.search, plain=args.plain, **kw)
   enc = models.tokenizer()
   prompts = [enc.encode(p) for p in PROMPTS]
-  report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}, {args.dtype}, search {args.search}",
+  report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}, "
+                        f"{args.dtype}, {'plain' if args.plain else f'engine, search {args.search}'}",
                 results=[])
   print(f"# spec benchmark: {report['machine']}\n")
   if "xl" in pairs:   # first, so that the peak resident memory is this run's
-    target, draft = (models.load(name, args.dtype, dummy=True, search=args.search) for name in ("gpt2-xl", "gpt2"))
+    target, draft = (load(name, dummy=True) for name in ("gpt2-xl", "gpt2"))
     (tw, tk), (dw, dk), target_dtype = sizes(target), sizes(draft), target.dtype.name
     result = bench_pair("dummy gpt2-xl / gpt2", target, draft, prompts[:1], 8 if args.quick else 24, reps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -188,17 +194,30 @@ def main():
     ar_per_token = {r["T"]: r["ar_seconds"] / r["ar_tokens"] for r in xl["rows"]}
     seed_theory = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_target"])
     seed_aware = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_verify"][SEED_K])
-    report["xl"] = dict(bandwidth_floor=floor, decode_over_floor=xl["t_target"] / floor,
+    # -K auto at the seed's acceptance: its estimator, fed rounds that keep each draft with the seed's rate a (r'(K+1)
+    # tokens a round at K 4), ranks K by tokens per second with these passes' costs; each K's speedup as predicted
+    a = next(a / 1000 for a in range(1000, 0, -1) if (1 - (a / 1000) ** (SEED_K + 1)) / (1 - a / 1000) <= SEED_R_PRIME * (SEED_K + 1))
+    kept = spec.KeptEstimate(decay=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(4000): kept.update(next((j for j in range(8) if rng.random() >= a), 8), 8)
+    costs = {K: K * xl["t_draft"] + xl["t_verify"][K] for K in spec.LOOKAHEADS}
+    predicted = {K: kept.tokens(K) * xl["t_target"] / costs[K] for K in spec.LOOKAHEADS}
+    auto = spec.choose_lookahead(kept, costs)
+    report["xl"] = dict(auto_at_seed_acceptance=dict(per_token_rate=a, predicted=predicted, auto=auto,
+                                                     auto_over_best=predicted[auto] / max(predicted.values())),
+                        bandwidth_floor=floor, decode_over_floor=xl["t_target"] / floor,
                         single_core_floor=tw / bws["numpy BLAS matvec, 1 thread"],
                         ar_over_floor={T: s / floor for T, s in ar_per_token.items()},
                         seed_prediction=seed_theory, seed_prediction_overhead_aware=seed_aware)
-  if "docs" in pairs or "ngram" in pairs:
-    target, draft = (models.load(str(SHARED / d), args.dtype, search=args.search) for d in ("docs-target", "docs-draft"))
-  if "docs" in pairs:
-    report["results"].append(bench_pair("docs-target / docs-draft", target, draft, prompts, 32 if args.quick else 128, reps))
-    report["paired"] = [paired_rounds(target, draft, [enc.encode(p) for p in PAIRED_PROMPTS], K, 1.0, 3 if args.quick else 20)
-                        for K in (2, 4)]
+  if "deep" in pairs:
+    target, draft = (load(str(SHARED / d)) for d in ("docs-deep", "docs-draft"))
+    paired = [enc.encode(p) for p in PAIRED_PROMPTS]
+    report["results"].append(bench_pair("docs-deep / docs-draft", target, draft, paired[:3] if args.quick else paired,
+                                        32 if args.quick else 128, reps))
+    report["paired"] = [paired_rounds(target, draft, paired, K, 1.0, 3 if args.quick else 20) for K in (2, 4)]
+    del target, draft; gc.collect()
   if "ngram" in pairs:
+    target = load(str(SHARED / "docs-target"))
     report["results"].append(bench_pair("docs-target / prompt lookup, repetitive prompts", target, spec.PromptLookup(),
                                         [enc.encode(p) for p in REPETITIVE], 32 if args.quick else 128, reps, Ks=(4, "auto")))
 
@@ -215,10 +234,14 @@ def main():
           f"{xl['t_target']/x['single_core_floor']:.2f}x it (tinygrad's CPU backend runs a process's kernels on one core)")
     print(f"peak resident memory {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/(mem['weight_bytes']+mem['kv_bytes']):.2f}x "
           f"(weights {mem['weight_bytes']/1e9:.2f} GB + KV caches {mem['kv_bytes']/1e9:.2f} GB)")
+    au = x["auto_at_seed_acceptance"]
+    print(f"-K auto at the seed's acceptance (each draft kept with {au['per_token_rate']:.3f}): chooses K {au['auto']}, "
+          f"{au['auto_over_best']:.3f} of the best fixed K's predicted speedup ("
+          + ", ".join(f"K {K}: {v:.2f}x" for K, v in au["predicted"].items()) + ")")
     print(f"the seed's acceptance (r' {SEED_R_PRIME}, K {SEED_K}) with these gpt2-xl/gpt2 costs: {x['seed_prediction']:.2f}x "
           f"(theoretical), {x['seed_prediction_overhead_aware']:.2f}x (overhead-aware); the seed measured {SEED_SPEEDUP}x on its GPU")
   for r in report.get("paired", []):
-    print(f"paired first rounds, docs pair, T {r['T']:g}, K {r['K']} ({r['rounds']} rounds: {len(PAIRED_PROMPTS)} prompts x seeds): "
+    print(f"paired first rounds, docs-deep / docs-draft, T {r['T']:g}, K {r['K']} ({r['rounds']} rounds: {len(PAIRED_PROMPTS)} prompts x seeds): "
           f"tokens per round block {r['block']:.3f}, token {r['token']:.3f}, block - token {r['gain']:+.3f} +- {r['stderr']:.3f} (1 s.e.)")
   for result in report["results"]: print("\n" + table(result))
   if args.json: pathlib.Path(args.json).write_text(json.dumps(report, indent=1))

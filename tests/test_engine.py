@@ -54,7 +54,7 @@ def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir):
 def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
 
 @pytest.mark.backend
-@pytest.mark.parametrize("T", [1, 2, 3, 5, 9, 16])
+@pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_lanes_kernel_computes_the_matmul(T):
   """The lanes kernel is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x 8), in the
   suite's dtype: inputs in it, float32 inside, the result in the output dtype."""
@@ -98,7 +98,7 @@ def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
 def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_"))}
 
 @pytest.mark.backend
-@pytest.mark.parametrize("T", [1, 2, 3, 5, 9, 16])
+@pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_attention_kernels_compute_attention(T):
   """attention.py's kernels and the port's formula both compute causal attention over the cache, for every width a step
   may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at the first positions and deep in the cache, with the position a
@@ -136,7 +136,7 @@ def test_attention_choose_measures_once_per_machine(monkeypatch, disk):
   assert attention.choose(1, caches, dtypes.float32) is False and attention.use_kernels[(1, 4, 128, 64, dtypes.float32)] is False
 
 @pytest.mark.backend
-@pytest.mark.parametrize("T", [1, 2, 5, 16])
+@pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, pytest.param(5, marks=pytest.mark.gpu), 16])
 def test_norm_kernel_computes_layer_norm(T):
   """norm.py's kernel and tinygrad's both compute nn.LayerNorm over each row, for every width a step may run, in the
   suite's dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel)."""

@@ -231,6 +231,7 @@ ROUNDS = [(K, V, draft, T) for K, V in ((2, 4), (3, 3)) for draft in ("model", "
 def toy_pair(V:int, draft:str, T:float):
   return toy_model(V, 1, 1.0, T) if draft == "model" else toy_lookup(V), toy_model(V, 2, 1.5, T)
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("K,V,draft,T", ROUNDS, ids=[f"K{K}-V{V}-{d}-T{T}" for K, V, d, T in ROUNDS])
 def test_round_emits_the_target_distribution(K, V, draft, T, rule):

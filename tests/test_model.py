@@ -23,7 +23,7 @@ def assert_close(actual, expected):
 
 @pytest.mark.backend
 @PLAIN
-@pytest.mark.parametrize("prefixed", [False, True], ids=["hf-original-keys", "transformer-prefixed-keys"])
+@pytest.mark.parametrize("prefixed", [pytest.param(False, marks=pytest.mark.gpu), True], ids=["hf-original-keys", "transformer-prefixed-keys"])
 def test_parity_tiny_random(tmp_path, prefixed, plain):
   weights = random_weights(TINY, seed=11)
   model = load(write_checkpoint(tmp_path / "ckpt", TINY, weights, prefixed), plain=plain)
@@ -85,7 +85,7 @@ def test_incremental_decode_equals_full_forward_and_rollback(tiny):
     tiny.prefill(tokens)  # restore the original sequence for the next r
 
 @pytest.mark.backend
-@pytest.mark.parametrize("K", [1, 4, 8])
+@pytest.mark.parametrize("K", [1, pytest.param(4, marks=pytest.mark.gpu), 8])
 def test_verify_pass_equals_single_steps(tiny, K):
   rng = np.random.default_rng(K)
   prefix, block = [int(t) for t in rng.integers(0, 64, 7)], [int(t) for t in rng.integers(0, 64, K + 1)]

@@ -331,20 +331,33 @@ def test_greedy_model_draft_and_prompt_lookup_share_a_verify_step(tiny, target_t
     target = target_twin if first is tiny["draft"] else tiny["target"]
     for draft in (first, then): assert_greedy_identical(target, draft, [5, 9, 2, 5, 9], 3, n=40)
 
+def rounds(kept:spec.KeptEstimate, K:int, rates:list[float], n:int=4000, seed:int=0) -> spec.KeptEstimate:
+  """n rounds of K drafts whose i-th is kept with probability rates[i] once the ones before it were."""
+  rng = np.random.default_rng(seed)
+  for _ in range(n): kept.update(next((i for i in range(K) if rng.random() >= rates[i]), K), K)
+  return kept
+
+def test_kept_estimate_measures_what_the_rule_keeps():
+  # drafts kept independently with probability a: the token-wise formula (1 - a^(K+1)) / (1 - a), for every K; rates
+  # that grow with the position, as block verification's do, give more than that formula of their first rate
+  for a in (0.3, 0.7, 0.9):
+    est = rounds(spec.KeptEstimate(decay=1.0), 8, [a] * 8)
+    for K in spec.LOOKAHEADS: assert abs(est.tokens(K) - (1 - a ** (K + 1)) / (1 - a)) < 0.1 * K, (a, K)
+  growing = rounds(spec.KeptEstimate(decay=1.0), 4, [0.6, 0.7, 0.8, 0.9])
+  assert growing.tokens(4) > (1 - 0.6 ** 5) / 0.4 + 0.3
+  assert abs(growing.tokens(4) - (1 + 0.6 + 0.6*0.7 + 0.6*0.7*0.8 + 0.6*0.7*0.8*0.9)) < 0.05
+  # a K never run is predicted from the positions' rate, not left at a prior that would keep -K auto from trying it
+  short = rounds(spec.KeptEstimate(decay=1.0), 2, [0.95, 0.95])
+  assert short.tokens(8) > short.tokens(4) > short.tokens(2) > 2.8
+  assert spec.KeptEstimate().tokens(4) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)   # the prior: one of each
+
 def test_choose_lookahead_on_synthetic_costs():
   cheap_draft = {K: 1.0 + 0.05 * K for K in spec.LOOKAHEADS}    # a draft step costs 5% of a verify pass
-  assert spec.choose_lookahead(0.99, cheap_draft) == 8 and spec.choose_lookahead(0.01, cheap_draft) == 1
-  assert spec.choose_lookahead(0.8, cheap_draft) in (4, 8)
+  estimate = lambda a: rounds(spec.KeptEstimate(decay=1.0), 8, [a] * 8, n=2000)
+  assert spec.choose_lookahead(estimate(0.99), cheap_draft) == 8 and spec.choose_lookahead(estimate(0.01), cheap_draft) == 1
+  assert spec.choose_lookahead(estimate(0.8), cheap_draft) in (4, 8)
   dear_draft = {K: 1.0 + 0.9 * K for K in spec.LOOKAHEADS}      # drafting costs almost as much as verifying
-  assert spec.choose_lookahead(0.8, dear_draft) == 1
-  assert spec.expected_tokens(1.0, 4) == 5 and abs(spec.expected_tokens(0.5, 2) - 1.75) < 1e-12
-
-def test_acceptance_estimate_counts_examined_tokens():
-  est = spec.AcceptanceEstimate(decay=1.0)
-  for _ in range(100): est.update(3, 4)          # 3 kept, then a rejection: alpha 3/4 whatever K is
-  assert abs(est.alpha - 301 / 402) < 1e-12
-  for _ in range(100): est.update(8, 8)          # all kept: no rejection observed
-  assert est.alpha > 0.86
+  assert spec.choose_lookahead(estimate(0.8), dear_draft) == 1
 
 def test_auto_lookahead_greedy_identity_and_report(docs_target, docs_draft, enc):
   stats = assert_greedy_identical(docs_target, docs_draft, enc.encode(PROMPTS[4]), "auto", n=100)

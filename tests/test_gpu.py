@@ -1,0 +1,33 @@
+"""The GPU suite's own small tests, for CUDA's target emulated in Python (DEV=PYTHON::sm_80, pytest -m gpu), where
+every kernel runs in the interpreter: cache rollback and greedy identity on few tokens. The suite also takes, marked
+gpu elsewhere: parity with the numpy GPT-2, a (K+1)-wide pass against K+1 decodes, exact enumeration of whole rounds on
+the device, and the engine's kernels against their formulas. The engine measures its kernel choices there as
+everywhere (the timings of an interpreter choose arbitrarily; both choices are tested against the formula)."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+import spec
+from conftest import load, tolerance
+
+pytestmark = pytest.mark.gpu
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir): return {name: load(tiny_dir / name) for name in ("target", "draft")}
+
+def test_decode_and_rollback_on_few_tokens(tiny):
+  target, seq = tiny["target"], [int(t) for t in np.random.default_rng(1).integers(0, 64, 8)]
+  full = target.forward(Tensor([seq], dtype=dtypes.int32), 0).numpy()
+  target.prefill(seq[:4])
+  steps = [target([t], i).numpy()[0] for i, t in enumerate(seq[4:], start=4)]
+  np.testing.assert_allclose(np.stack(steps), full[4:], atol=tolerance() * np.abs(full).max())
+  other = [int(t) for t in np.random.default_rng(2).integers(0, 64, 2)]          # roll back 2 and feed others
+  got = [target([t], i).numpy()[0] for i, t in enumerate(other, start=6)]
+  expected = target.forward(Tensor([seq[:6] + other], dtype=dtypes.int32), 0).numpy()[-2:]
+  np.testing.assert_allclose(np.stack(got), expected, atol=tolerance() * np.abs(expected).max())
+
+@pytest.mark.parametrize("K", [1, 4])
+@pytest.mark.parametrize("verification", list(spec.RULES))
+def test_greedy_identity_on_few_tokens(tiny, K, verification):
+  alone = spec.autoregressive_generate(tiny["target"], [5, 9, 2], 12, eos=None)[0]
+  got, stats = spec.speculative_generate(tiny["target"], tiny["draft"], [5, 9, 2], K, 12, eos=None, verification=verification)
+  assert got == alone and stats.rounds < 12, stats
