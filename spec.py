@@ -291,7 +291,7 @@ class Verifier:
 
 # ***** 3. the round loop *****
 
-def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=4,
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=2,
                          max_new_tokens:int=256, sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT,
                          on_token=None, verification:str="block") -> tuple[list[int], Stats]:
   """Speculative sampling: the new tokens (distributed exactly as the target's) and the run's Stats. draft: a GPT2 or a
@@ -316,9 +316,9 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   """The rounds, until max_new_tokens or an EOS. Round r draws from the random streams 2r (draft) and 2r+1 (verify)."""
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
   stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
-  round_seconds = prepare(drafter, verifier, K, tokens[0], stats)
+  round_seconds, kept = prepare(drafter, verifier, K, tokens[0], stats)
   verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
-  out, kept = Output(tokens, max_new_tokens, eos, on_token, stats), KeptEstimate()
+  out = Output(tokens, max_new_tokens, eos, on_token, stats)
   start = synchronize()
   while not out.done:
     t0 = time.perf_counter()
@@ -332,7 +332,6 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     t2, k = time.perf_counter(), block.shape[1] - 1
     events = round_events(result, k)
     kept.update(len(events) - 1, k)
-    if k in round_seconds: round_seconds[k] = 0.8 * round_seconds[k] + 0.2 * (t2 - t0)   # costs follow the rounds
     stats.add_round(k, len(events) - 1, t1 - t0, t2 - t1)
     out.emit(events)
   return out.new, stats.finish(start, len(out.new))
@@ -386,14 +385,16 @@ def warm(step) -> bool:
   replay links its kernels). tinygrad's TinyJit counts calls in cnt; the engine's steps count alike."""
   return step.cnt >= 3
 
-def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int, stats:Stats) -> dict[int, float]:
-  """Before the prompt: t_target, every step of the run warm, and -K auto's round costs; the seconds in time_warmup."""
+def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int,
+            stats:Stats) -> tuple[dict[int, float], KeptEstimate]:
+  """Before the prompt: t_target, every step of the run warm, and what -K auto starts from (round costs and kept
+  rates); the seconds in time_warmup."""
   t0 = time.perf_counter()
   stats.t_target = time_target_decode(verifier, token)     # first: it warms the one-token step, which warm_up() checks
   warm_up(drafter, verifier, LOOKAHEADS if K == "auto" else (K,), token)
-  round_seconds = round_costs(drafter, verifier, token) if K == "auto" else {}
+  auto = auto_state(drafter, verifier, token) if K == "auto" else ({}, KeptEstimate())
   stats.time_warmup = time.perf_counter() - t0
-  return round_seconds
+  return auto
 
 def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
   """Run the compiled steps of every K until each is warm, before the prefill, at positions 0 and 1, so that what
@@ -426,7 +427,7 @@ class KeptEstimate:
   that a round keeps it given it kept the ones before (kept_i / reached_i over rounds that drafted position i, old
   rounds fading). A position seldom reached leans on all positions' rate, so a K not run yet is predicted from the rest.
   Block verification's gain over token-wise verification shows in these rates; no formula of one alpha is assumed."""
-  def __init__(self, decay:float=0.95, prior:float=2.0):
+  def __init__(self, decay:float=0.99, prior:float=2.0):
     self.kept, self.reached, self.decay, self.prior = [0.0] * max(LOOKAHEADS), [0.0] * max(LOOKAHEADS), decay, prior
   def update(self, accepted:int, K:int):
     for i in range(min(accepted + 1, K)):     # positions 1..accepted kept; the next one, if drafted, reached and not
@@ -443,17 +444,21 @@ def choose_lookahead(kept:KeptEstimate, round_seconds:dict[int, float]) -> int:
   """-K auto: the K with the most expected tokens per second, E[tokens | K] / (seconds of a round with K)."""
   return max(round_seconds, key=lambda K: kept.tokens(K) / round_seconds[K])
 
-# -K auto's seconds of a round by K, per target (weakly: its entries go with it), then per draft model and choices
-_round_seconds: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
-def round_costs(drafter:Drafter, verifier:Verifier, token:int) -> dict[int, float]:
-  """The seconds of a round with each K of LOOKAHEADS, which -K auto starts from: measured (best of 3, before the
-  prefill) in the first run with this target, draft and structural choices, then kept, and moved by every run's
-  rounds."""
+# -K auto's state per target (weakly: its entries go with it), then per draft model and choices
+_auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
+def auto_state(drafter:Drafter, verifier:Verifier, token:int) -> tuple[dict[int, float], KeptEstimate]:
+  """What -K auto starts from: the seconds of a round with each K of LOOKAHEADS, measured (the best of 5, before the
+  prefill) in the first run with this target, draft and structural choices, and the kept rates of that pair's rounds
+  so far; both carry over to later runs (a fresh estimate explored K 1 and 8 on every prompt) and follow the rounds."""
   draft = None if drafter.model is None else weakref.ref(drafter.model)
-  costs = _round_seconds.setdefault(verifier.target, {}).setdefault((draft, *sorted(verifier.static.items())), {})
-  for k in [k for k in LOOKAHEADS if k not in costs]:
-    costs[k] = best_seconds(lambda: read(warm_up_round(drafter, verifier, [token, token], k), Stats()))
-  return costs
+  key = (draft, *sorted(verifier.static.items()))
+  costs, kept = _auto.setdefault(verifier.target, {}).setdefault(key, ({}, KeptEstimate()))
+  missing = [k for k in LOOKAHEADS if k not in costs]
+  for _ in range(5):      # interleaved: a slow spell of the machine falls on every K, not on one (it ranked K 2 last)
+    for k in missing:
+      seconds = best_seconds(lambda: read(warm_up_round(drafter, verifier, [token, token], k), Stats()), 1)
+      costs[k] = min(costs.get(k, math.inf), seconds)
+  return costs, kept
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
@@ -577,9 +582,9 @@ def parse_args(argv=None):
                   "what followed the latest earlier occurrence of the context's last tokens (prompt lookup)")
   ap.add_argument("--ngram-max", type=int, default=3, help="--draft ngram: the longest suffix to look up")
   ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
-  ap.add_argument("-K", "--lookahead", type=lookahead, default=4, help="tokens the draft proposes per round; 'auto' "
-                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the costs measured at warm-up and the "
-                  "running acceptance")
+  ap.add_argument("-K", "--lookahead", type=lookahead, default=2, help="tokens the draft proposes per round; 'auto' "
+                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the round costs measured at "
+                  "warm-up and the rates at which the pair's rounds keep drafts")
   ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
                   "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. "
                   "2023). Both keep the target's distribution exactly")

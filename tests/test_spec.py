@@ -178,9 +178,9 @@ def test_a_generation_whose_steps_are_warm_runs_no_warm_up_round(tiny_dir, monke
   assert rounds == [], f"warm-up rounds (K) of generations whose steps are warm: {rounds}"
 
 def test_auto_measures_round_costs_once_per_target_draft_and_choices(tiny_dir, monkeypatch):
-  """-K auto starts from a measured cost per K (a round each, best of 3): measured in the first run with a target, draft
-  model (or none) and structural choices, then kept, so that a later run measures nothing (each run measuring anew
-  cost 12 rounds a call); another draft or temperature is measured anew."""
+  """-K auto starts from a measured cost per K (the best of 5 rounds each, interleaved): measured in the first run with a
+  target, draft model (or none) and structural choices, then kept, so that a later run measures nothing (each run
+  measuring anew cost 12 rounds a call); another draft or temperature is measured anew."""
   measured, best_seconds = [], spec.best_seconds
   monkeypatch.setattr(spec, "best_seconds", lambda fn, *args: measured.append(fn) or best_seconds(fn, *args))
   target, draft, other = (load(tiny_dir / name) for name in ("target", "draft", "other"))
@@ -188,11 +188,23 @@ def test_auto_measures_round_costs_once_per_target_draft_and_choices(tiny_dir, m
     before = len(measured)
     speculative_generate(target, draft, [5, 6, 7], "auto", 10, Sampling(T), eos=None)
     return len(measured) - before
-  n = len(spec.LOOKAHEADS)
+  n = 5 * len(spec.LOOKAHEADS)
   assert measures(draft, 1.0) == n + 1                       # and the target's decode, once per target (t_target)
   assert [measures(draft, 1.0), measures(draft, 1.0)] == [0, 0]
   assert [measures(draft, 0.0), measures(other, 1.0), measures(PromptLookup(), 1.0), measures(PromptLookup(2), 1.0)] == [n, n, n, 0]
-  assert len(spec._round_seconds[target]) == 4 and all(len(costs) == n for costs in spec._round_seconds[target].values())
+  assert len(spec._auto[target]) == 4 and all(len(costs) == len(spec.LOOKAHEADS) for costs, _ in spec._auto[target].values())
+
+def test_auto_carries_kept_rates_over_runs(tiny_dir, monkeypatch):
+  """-K auto's second run with a pair starts from the rates the first one measured, not from the prior: a fresh
+  estimate spent each prompt's first rounds on K it then left (on the deep pair, 8% below the best fixed K)."""
+  target, same = (load(tiny_dir / "target") for _ in range(2))        # a draft equal to its target keeps everything
+  first, choose = [], spec.choose_lookahead
+  monkeypatch.setattr(spec, "choose_lookahead", lambda kept, costs: first.append(kept.tokens(8)) or choose(kept, costs))
+  for _ in range(2):
+    first.append(None)
+    speculative_generate(target, same, [5, 6, 7], "auto", 40, eos=None)
+  starts = [first[i + 1] for i, v in enumerate(first) if v is None]
+  assert starts[0] == pytest.approx(spec.KeptEstimate().tokens(8)) and starts[1] > 8, starts
 
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
