@@ -23,7 +23,7 @@ def test_help_explains_every_flag():
                "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
                "--ngram-max", "--ngram-min", "--dtype", "--verify", "--search", "auto"):
     assert flag in out.stdout
-  assert "default: gpt2-xl" in out.stdout and "(default: 4)" in out.stdout and "default: block" in out.stdout
+  assert "default: gpt2-xl" in out.stdout and "(default: 2)" in out.stdout and "default: block" in out.stdout
 
 @pytest.mark.backend
 def test_json_with_compare(capsys):
