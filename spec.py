@@ -448,13 +448,13 @@ def choose_lookahead(kept:KeptEstimate, round_seconds:dict[int, float]) -> int:
 _auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
 def auto_state(drafter:Drafter, verifier:Verifier, token:int) -> tuple[dict[int, float], KeptEstimate]:
   """What -K auto starts from: the seconds of a round with each K of LOOKAHEADS, measured (the best of 5, before the
-  prefill) in the first run with this target, draft and structural choices, and the kept rates of that pair's rounds
-  so far; both carry over to later runs (a fresh estimate explored K 1 and 8 on every prompt) and follow the rounds."""
+  prefill) in the first run with this target, draft and structural choices, then kept; and the kept rates of that
+  pair's rounds so far, which every round moves, so that a later run does not spend its first rounds exploring."""
   draft = None if drafter.model is None else weakref.ref(drafter.model)
   key = (draft, *sorted(verifier.static.items()))
   costs, kept = _auto.setdefault(verifier.target, {}).setdefault(key, ({}, KeptEstimate()))
   missing = [k for k in LOOKAHEADS if k not in costs]
-  for _ in range(5):      # interleaved: a slow spell of the machine falls on every K, not on one (it ranked K 2 last)
+  for _ in range(5):      # interleaved: a slow spell of the machine falls on every K, not on one
     for k in missing:
       seconds = best_seconds(lambda: read(warm_up_round(drafter, verifier, [token, token], k), Stats()), 1)
       costs[k] = min(costs.get(k, math.inf), seconds)

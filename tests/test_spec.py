@@ -196,7 +196,7 @@ def test_auto_measures_round_costs_once_per_target_draft_and_choices(tiny_dir, m
 
 def test_auto_carries_kept_rates_over_runs(tiny_dir, monkeypatch):
   """-K auto's second run with a pair starts from the rates the first one measured, not from the prior: a fresh
-  estimate spent each prompt's first rounds on K it then left (on the deep pair, 8% below the best fixed K)."""
+  estimate spent each prompt's first rounds on K it then left (docs/measurements.md, session 26)."""
   target, same = (load(tiny_dir / "target") for _ in range(2))        # a draft equal to its target keeps everything
   first, choose = [], spec.choose_lookahead
   monkeypatch.setattr(spec, "choose_lookahead", lambda kept, costs: first.append(kept.tokens(8)) or choose(kept, costs))
