@@ -100,11 +100,24 @@ def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
   counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
   return (((Tensor.random_bits(key, counter, math.prod(shape)) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
 
+BLOCK = 64  # sample() draws a block of this many tokens, then a token of it
+
+def uniforms_per_draw(V:int) -> int:
+  """The uniforms sample() takes for one row of V probabilities: one per block, and one per token of a block."""
+  return -(-V // BLOCK) + BLOCK
+
 def sample(probs:Tensor, u:Tensor) -> Tensor:
-  """One token per row, distributed as probs, from u ~ U(0,1) of its shape: the exponential race argmax probs/(-log u)
-  (Gumbel-max with one log); zero-probability tokens never. Materialized: a kernel indexing by it would redo the
-  race."""
-  return best(probs / -u.log())[..., 0].contiguous()
+  """One token per row, distributed as probs, from u ~ U(0,1) (rows, uniforms_per_draw(V)): two exponential races,
+  argmax w/(-log u) (Gumbel-max with one log), first of the blocks by their mass, then of the chosen block's tokens by
+  their probability, so P(block) P(token | block) = probs; zero-probability tokens never. A race over every token
+  would draw and take the log of V uniforms a row, a draw's main cost on a CPU. Materialized: a kernel indexing by it
+  would redo the races."""
+  *rows, V = probs.shape
+  blocks = probs.reshape(-1, V).pad(((0, 0), (0, -V % BLOCK))).reshape(-1, (V + -V % BLOCK) // BLOCK, BLOCK)
+  u, B = u.reshape(blocks.shape[0], -1), blocks.shape[1]
+  block = best(blocks.sum(-1) / -u[:, :B].log()).contiguous()                     # (N, 1), read by the second race
+  chosen = (Tensor.arange(B) == block).unsqueeze(-1).where(blocks, 0).sum(1)     # (N, BLOCK): its probabilities
+  return (block * BLOCK + best(chosen / -u[:, B:].log())).reshape(rows).contiguous()
 
 def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
   """min(1, q(x)/p(x)) for each drafted x (K,): the probability that the target keeps it. p, q: (K, V)."""
@@ -121,7 +134,7 @@ def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, tempera
   """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
   Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy:
   p = None, one-hot on the block, and nothing is drawn."""
-  u = None if greedy else uniform(key, nonce, K, vocab_width(draft.cfg.vocab_size))
+  u = None if greedy else uniform(key, nonce, K, uniforms_per_draw(vocab_width(draft.cfg.vocab_size)))
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
@@ -189,7 +202,7 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
     return packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
   q = warp(q_logits, temperature, top_k, top_p, filters=filters)
-  r = uniform(key, nonce, K + V)
+  r = uniform(key, nonce, K + uniforms_per_draw(V))
   p = p.cat(Tensor.zeros(1, V))                                             # no draft past x~_K: row K's residual is q
   # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs (docs/tests.md)
   n, dist = RULES[rule](p, q, drafted, r[:K].contiguous())                  # n kept; the residual or the bonus q_K+1

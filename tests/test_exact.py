@@ -45,19 +45,23 @@ def test_enumeration_detects_a_wrong_rule():
 
 def sampled_counts(probs:np.ndarray, n:int, seed:int) -> np.ndarray:
   """How often sample() draws each token in n rows of probs, with u from uniform() (the run's stream 0 of seed)."""
-  rows = Tensor(np.tile(probs, (n, 1)).astype(np.float32))
-  return np.bincount(spec.sample(rows, spec.uniform(spec.seed_key(seed), 0, n, len(probs))).numpy(), minlength=len(probs))
+  rows, u = Tensor(np.tile(probs, (n, 1)).astype(np.float32)), spec.uniform(spec.seed_key(seed), 0, n, spec.uniforms_per_draw(len(probs)))
+  return np.bincount(spec.sample(rows, u).numpy(), minlength=len(probs))
 
-def test_sample_draws_each_token_with_its_probability():
-  # the enumerations above price the draw from the residual exactly; this checks the draw itself. 40000 rows, a fixed
-  # seed: chi-square goodness of fit p > 1e-3 (a correct sampler fails with probability 1e-3), never a zero-probability
-  # token; the same counts reject probs squared and the two largest swapped (power ~1: chi2 > 2000 expected, 1e-3 at 16)
-  probs, n = np.array([0.5, 0.3, 0.15, 0.05, 0.0]), 40000
+@pytest.mark.parametrize("V, where", [(5, [0, 1, 2, 3]), (200, [130, 3, 127, 64])])   # one block; 4 (the last padded)
+def test_sample_draws_each_token_with_its_probability(V, where):
+  # the enumerations above price the draw from the residual exactly; this checks the draw itself, the race over blocks
+  # and within one. 40000 rows, a fixed seed: chi-square goodness of fit p > 1e-3 (a correct sampler fails with
+  # probability 1e-3), never a zero-probability token; the same counts reject probs squared and the two largest
+  # swapped (power ~1: chi2 > 2000 expected, 1e-3 at 16)
+  mass, n = np.array([0.5, 0.3, 0.15, 0.05]), 40000
+  probs = np.zeros(V)
+  probs[where] = mass
   counts = sampled_counts(probs, n, seed=7)
-  assert counts[4] == 0 and counts.sum() == n
-  fit = lambda expected: chi2_sf(float(((counts[:4] - n * expected) ** 2 / (n * expected)).sum()), 3)
-  assert fit(probs[:4]) > 1e-3, counts
-  assert fit(probs[:4] ** 2 / (probs[:4] ** 2).sum()) < 1e-3 and fit(probs[[1, 0, 2, 3]]) < 1e-3
+  assert counts.sum() == counts[where].sum() == n
+  fit = lambda expected: chi2_sf(float(((counts[where] - n * expected) ** 2 / (n * expected)).sum()), 3)
+  assert fit(mass) > 1e-3, counts[where]
+  assert fit(mass ** 2 / (mass ** 2).sum()) < 1e-3 and fit(mass[[1, 0, 2, 3]]) < 1e-3
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_best_is_the_first_argmax(dtype):
