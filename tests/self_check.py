@@ -19,7 +19,7 @@ import models, spec
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)
 # the chi-square's models: their trunk never reaches the logits (constant), so the smallest does; 8 tokens, so that a few
-# hundred draws tell distributions apart (an interpreted device runs a round of these in about a second)
+# hundred draws tell distributions apart: few enough rounds for a device emulated in Python
 IID = dict(n_layer=1, n_head=1, n_embd=8, vocab_size=8, n_positions=1024)
 
 def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise:float=0.0, cfg:dict=TINY) -> str:
