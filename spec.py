@@ -113,8 +113,9 @@ def sample(probs:Tensor, u:Tensor) -> Tensor:
   would draw and take the log of V uniforms a row, a draw's main cost on a CPU. Materialized: a kernel indexing by it
   would redo the races."""
   *rows, V = probs.shape
-  blocks = probs.reshape(-1, V).pad(((0, 0), (0, -V % BLOCK))).reshape(-1, (V + -V % BLOCK) // BLOCK, BLOCK)
-  u, B = u.reshape(blocks.shape[0], -1), blocks.shape[1]
+  B = -(-V // BLOCK)                                                              # blocks, the last padded with zeros
+  blocks = probs.reshape(-1, V).pad(((0, 0), (0, B * BLOCK - V))).reshape(-1, B, BLOCK)
+  u = u.reshape(blocks.shape[0], -1)
   block = best(blocks.sum(-1) / -u[:, :B].log()).contiguous()                     # (N, 1), read by the second race
   chosen = (Tensor.arange(B) == block).unsqueeze(-1).where(blocks, 0).sum(1)     # (N, BLOCK): its probabilities
   return (block * BLOCK + best(chosen / -u[:, B:].log())).reshape(rows).contiguous()

@@ -145,7 +145,7 @@ def chi2_sf(x:float, k:int) -> float:
 def sampling_checks(report, target, draft, label:str, n:int=300, rule:str="block") -> None:
   """target and draft have context-free next-token distributions q and p: every sampled token is a draw from q. The
   test's power, the chance that it rejects n draws from p, is estimated from 2000 simulated runs."""
-  q, p = ((m.forward(Tensor([[0]]), 0)[0].softmax().numpy().astype(np.float64)) for m in (target, draft))
+  q, p = (m.forward(Tensor([[0]]), 0)[0].softmax().numpy().astype(np.float64) for m in (target, draft))
   q, p = q / q.sum(), p / p.sum()
   def test(tokens:list[int]) -> float:   # a token past the vocabulary counts where q is 0
     counts = np.bincount(tokens, minlength=len(q))

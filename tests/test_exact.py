@@ -45,7 +45,8 @@ def test_enumeration_detects_a_wrong_rule():
 
 def sampled_counts(probs:np.ndarray, n:int, seed:int) -> np.ndarray:
   """How often sample() draws each token in n rows of probs, with u from uniform() (the run's stream 0 of seed)."""
-  rows, u = Tensor(np.tile(probs, (n, 1)).astype(np.float32)), spec.uniform(spec.seed_key(seed), 0, n, spec.uniforms_per_draw(len(probs)))
+  rows = Tensor(np.tile(probs, (n, 1)).astype(np.float32))
+  u = spec.uniform(spec.seed_key(seed), 0, n, spec.uniforms_per_draw(len(probs)))
   return np.bincount(spec.sample(rows, u).numpy(), minlength=len(probs))
 
 @pytest.mark.parametrize("V, where", [(5, [0, 1, 2, 3]), (200, [130, 3, 127, 64])])   # one block; 4 (the last padded)
