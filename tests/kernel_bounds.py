@@ -4,7 +4,8 @@ generator check, with the z3 solver, that every load and store index stays insid
 run, and fail the compile otherwise. Each compiled kernel's buffer and variable parameters must also fill its argument
 slots 0..n-1, each once.
 
-  DEV=CPU python tests/kernel_bounds.py            # tiny random checkpoints, then the shared pair: as CI runs it
+  DEV=CPU python tests/kernel_bounds.py            # tiny random checkpoints, then the shared pair
+  DEV=CPU python tests/kernel_bounds.py --tiny     # the tiny ones alone (CI runs them beside the shared pair's --pair)
   DEV=CL python tests/kernel_bounds.py --pair TARGET DRAFT -K 1 3 --dtype float16
 
 Both checks guard against tinygrad 0.14 code generator bugs that spec.py works around (README, Tests): a load left
@@ -50,13 +51,14 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--pair", nargs=2, metavar=("TARGET", "DRAFT"),
                   help="checkpoint directories to check (default: tiny random checkpoints, then docs-target/docs-draft)")
+  ap.add_argument("--tiny", action="store_true", help="the tiny random checkpoints only, not the shared pair after them")
   ap.add_argument("-K", type=int, nargs="+", default=[1, 2, 3, 4, 8], help="lookaheads to compile (default: 1 2 3 4 8)")
   ap.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="precision of the models")
   args = ap.parse_args()
   if args.pair: pairs = [tuple(args.pair)]
   else:
     tiny = write_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "tiny", TINY, random_weights(TINY, seed=1))
-    pairs = [(tiny, tiny), (SHARED / "docs-target", SHARED / "docs-draft")]
+    pairs = [(tiny, tiny)] + ([] if args.tiny else [(SHARED / "docs-target", SHARED / "docs-draft")])
   for target_dir, draft_dir in pairs:
     target, draft = models.load(str(target_dir), args.dtype), models.load(str(draft_dir), args.dtype)
     for what, run in paths(target, draft, args.K):
