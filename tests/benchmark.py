@@ -25,7 +25,7 @@ import argparse, collections, gc, json, os, pathlib, platform, resource, subproc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
-if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, dtypes

@@ -9,7 +9,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT))
-if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+# offline: the shared copy of the tokenizer, also where the environment names a cache of its own (which may lack it)
+if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
 # captured steps (models/gpt2.py, Step) go to a store of this process's own, never the user's: a run of the suite
 # captures each step once, and no step stored by other code is loaded; removed at exit (about 100 MB a process)
 os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
@@ -20,6 +21,7 @@ atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True
 # happens to touch an unmapped page (tests/kernel_bounds.py, README Tests)
 os.environ.setdefault("CHECK_OOB", "1")
 import models  # noqa: E402
+from self_check import write_safetensors  # noqa: E402
 
 PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
            "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
@@ -76,15 +78,6 @@ def random_weights(cfg:dict, seed:int, scale:float=0.3) -> dict[str, np.ndarray]
             h+"mlp.c_proj.weight": w(4*C, C), h+"mlp.c_proj.bias": w(C),
             h+"attn.bias": np.tril(np.ones((cfg["n_positions"],)*2, np.float32))[None, None]}
   return out
-
-def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
-  header, offset, blobs = {}, 0, []
-  for k, v in tensors.items():
-    b = np.ascontiguousarray(v, np.float32).tobytes()
-    header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [offset, offset + len(b)]}
-    offset += len(b); blobs.append(b)
-  h = json.dumps(header).encode()
-  fn.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 def read_safetensors(fn:pathlib.Path) -> dict[str, np.ndarray]:
   raw = fn.read_bytes()

@@ -15,7 +15,7 @@ import argparse, json, os, pathlib, sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
 SHARED = ROOT.parent / "shared" / "models"
-if (SHARED / "tiktoken").is_dir(): os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
 
 import numpy as np
 from tinygrad import Tensor, Device, dtypes

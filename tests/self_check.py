@@ -11,10 +11,9 @@ the model checks with the engine and with --plain. One line per check: what, its
 failure.
 """
 from __future__ import annotations
-import itertools, math, os, pathlib, sys, tempfile, time
+import itertools, json, math, os, pathlib, struct, sys, tempfile, time
 import numpy as np
 from tinygrad import Tensor, Device, dtypes
-from tinygrad.nn.state import safe_save
 import models, spec
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)
@@ -39,8 +38,19 @@ def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise
   if constant: weights["ln_f.weight"][:], weights["ln_f.bias"][:] = 0, rng.standard_normal(C)
   (path := root / name).mkdir()
   (path / "config.json").write_text(str({"activation_function": "gelu_new", **cfg}).replace("'", '"'))
-  safe_save({k: Tensor(v, device="CPU") for k, v in weights.items()}, str(path / "model.safetensors"))
+  write_safetensors(path / "model.safetensors", weights)
   return str(path)
+
+def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
+  """float32 tensors in the safetensors format, by numpy: tinygrad's safe_save would compile for its CPU backend, which a
+  GPU machine may lack (no clang)."""
+  header, offset, blobs = {}, 0, []
+  for k, v in tensors.items():
+    b = np.ascontiguousarray(v, np.float32).tobytes()
+    header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [offset, offset + len(b)]}
+    offset += len(b); blobs.append(b)
+  h = json.dumps(header).encode()
+  fn.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 # ***** whole rounds, enumerated *****
 
