@@ -42,8 +42,8 @@ def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise
   return str(path)
 
 def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
-  """float32 tensors in the safetensors format, by numpy: tinygrad's safe_save would compile for its CPU backend, which a
-  GPU machine may lack (no clang)."""
+  """float32 tensors in the safetensors format, by numpy: tinygrad's safe_save would compile for its CPU backend, which
+  a GPU machine may lack (no clang)."""
   header, offset, blobs = {}, 0, []
   for k, v in tensors.items():
     b = np.ascontiguousarray(v, np.float32).tobytes()
