@@ -14,7 +14,7 @@ on the device and the host reads one small vector per round.
 Sections: the algorithm, the drafters and the verifier, the round loop, the plumbing, the command line.
 """
 from __future__ import annotations
-import argparse, codecs, json, math, os, sys, time, weakref
+import argparse, codecs, collections, json, math, os, statistics, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
 from tinygrad import Tensor, TinyJit, UOp, Device, dtypes
@@ -330,23 +330,22 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
   """The rounds, until max_new_tokens or an EOS. Round r draws from the random streams 2r (draft) and 2r+1 (verify)."""
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
   stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
-  round_seconds, kept = prepare(drafter, verifier, K, tokens[0], stats)
+  auto = prepare(drafter, verifier, K, tokens[0], stats)
   verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
   out = Output(tokens, max_new_tokens, eos, on_token, stats)
   start = synchronize()
   while not out.done:
     t0 = time.perf_counter()
-    k = choose_lookahead(kept, round_seconds) if K == "auto" else K
+    k = auto.choose() if auto else K
     block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                        # 1. x~_1..x~_k ~ p
     t1 = synchronize()
     # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
-    # the target cache rolls back
+    # (the target's cache rolls back by position, as the draft's)
     result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
-    # k < K: prompt lookup found less
-    t2, k = time.perf_counter(), block.shape[1] - 1
-    events = round_events(result, k)
-    kept.update(len(events) - 1, k)
-    stats.add_round(k, len(events) - 1, t1 - t0, t2 - t1)
+    t2, drafted = time.perf_counter(), block.shape[1] - 1                # drafted < k: prompt lookup found less
+    events = round_events(result, drafted)
+    if auto: auto.update(k, len(events), t2 - t0)
+    stats.add_round(drafted, len(events) - 1, t1 - t0, t2 - t1)
     out.emit(events)
   return out.new, stats.finish(start, len(out.new))
 
@@ -399,16 +398,13 @@ def warm(step) -> bool:
   replay links its kernels). tinygrad's TinyJit counts calls in cnt; the engine's steps count alike."""
   return step.cnt >= 3
 
-def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int,
-            stats:Stats) -> tuple[dict[int, float], KeptEstimate]:
-  """Before the prompt: t_target, every step of the run warm, and what -K auto starts from (round costs and kept
-  rates); the seconds in time_warmup."""
+def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int, stats:Stats) -> AutoLookahead|None:
+  """Before the prompt: t_target and every step of the run warm (the seconds in time_warmup); -K auto's estimate."""
   t0 = time.perf_counter()
   stats.t_target = time_target_decode(verifier, token)     # first: it warms the one-token step, which warm_up() checks
   warm_up(drafter, verifier, LOOKAHEADS if K == "auto" else (K,), token)
-  auto = auto_state(drafter, verifier, token) if K == "auto" else ({}, KeptEstimate())
   stats.time_warmup = time.perf_counter() - t0
-  return auto
+  return auto_lookahead(drafter, verifier) if K == "auto" else None
 
 def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
   """Run the compiled steps of every K until each is warm, before the prefill, at positions 0 and 1, so that what
@@ -436,43 +432,39 @@ def time_target_decode(verifier:Verifier, token:int) -> float:
 
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
-class KeptEstimate:
-  """-K auto's expected tokens per round, measured from the rule's own rounds: for each drafted position i, the chance
-  that a round keeps it given it kept the ones before (kept_i / reached_i over rounds that drafted position i, old
-  rounds fading). A position seldom reached leans on all positions' rate, so a K not run yet is predicted from the rest.
-  Block verification's gain over token-wise verification shows in these rates; no formula of one alpha is assumed."""
-  def __init__(self, decay:float=0.99, prior:float=2.0):
-    self.kept, self.reached, self.decay, self.prior = [0.0] * max(LOOKAHEADS), [0.0] * max(LOOKAHEADS), decay, prior
-  def update(self, accepted:int, K:int):
-    for i in range(min(accepted + 1, K)):     # positions 1..accepted kept; the next one, if drafted, reached and not
-      self.kept[i] = self.decay * self.kept[i] + (i < accepted)
-      self.reached[i] = self.decay * self.reached[i] + 1
-  def rate(self, i:int) -> float:
-    overall = (sum(self.kept) + 1) / (sum(self.reached) + 2)                   # one of each before any round
-    return (self.kept[i] + self.prior * overall) / (self.reached[i] + self.prior)
-  def tokens(self, K:int) -> float:
-    """E[tokens per round | K]: 1 + sum over i <= K of P(the round keeps the first i drafts)."""
-    return 1 + sum(math.prod(self.rate(j) for j in range(i + 1)) for i in range(K))
+class AutoLookahead:
+  """-K auto: before each round the K of LOOKAHEADS with the most tokens per second, from the rounds run with that K:
+  the mean tokens of its last `kept_window` rounds (raised by `optimism` standard errors, so that a K judged on few
+  rounds gets tried again) over the median seconds of its last `cost_window` (the median ignores a stalled round).
+  Every K first runs 3 rounds, and runs again once the rounds since its last took `explore` times its own round's
+  seconds (at most 1/explore of the time each), so that all K are judged on recent rounds of one kind: what block
+  verification keeps depends on K as a whole, not on a per-token rate, and what a round costs on how the machine runs
+  now. The defaults were chosen on simulated rounds (tests/test_spec.py): within 5% of the best fixed K there."""
+  def __init__(self, kept_window:int=256, cost_window:int=32, explore:int=96, optimism:float=1.0):
+    self.kept = {K: collections.deque(maxlen=kept_window) for K in LOOKAHEADS}
+    self.cost = {K: collections.deque(maxlen=cost_window) for K in LOOKAHEADS}
+    self.last_run, self.clock, self.explore, self.optimism = dict.fromkeys(LOOKAHEADS, 0.0), 0.0, explore, optimism
+  def tokens_per_second(self, K:int, optimism:float=0.0) -> float:
+    kept, cost = self.kept[K], statistics.median(self.cost[K])
+    return (statistics.fmean(kept) + optimism * statistics.stdev(kept) / math.sqrt(len(kept))) / cost
+  def choose(self) -> int:
+    if any(len(self.kept[K]) < 3 for K in LOOKAHEADS): return min(LOOKAHEADS, key=lambda K: len(self.kept[K]))
+    due = [K for K in LOOKAHEADS if self.clock - self.last_run[K] >= self.explore * statistics.median(self.cost[K])]
+    if due: return min(due, key=self.last_run.get)                                # the longest unseen first
+    return max(LOOKAHEADS, key=lambda K: self.tokens_per_second(K, self.optimism))
+  def update(self, K:int, tokens:int, seconds:float):
+    self.kept[K].append(tokens); self.cost[K].append(seconds)
+    self.clock += seconds
+    self.last_run[K] = self.clock
 
-def choose_lookahead(kept:KeptEstimate, round_seconds:dict[int, float]) -> int:
-  """-K auto: the K with the most expected tokens per second, E[tokens | K] / (seconds of a round with K)."""
-  return max(round_seconds, key=lambda K: kept.tokens(K) / round_seconds[K])
-
-# -K auto's state per target (weakly: its entries go with it), then per draft model and choices
+# -K auto's estimate per target (weakly: its entries go with it), then per draft model and choices
 _auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
-def auto_state(drafter:Drafter, verifier:Verifier, token:int) -> tuple[dict[int, float], KeptEstimate]:
-  """What -K auto starts from: the seconds of a round with each K of LOOKAHEADS, measured (the best of 5, before the
-  prefill) in the first run with this target, draft and structural choices, then kept; and the kept rates of that
-  pair's rounds so far, which every round moves, so that a later run does not spend its first rounds exploring."""
+def auto_lookahead(drafter:Drafter, verifier:Verifier) -> AutoLookahead:
+  """The -K auto estimate for this target, draft and structural choices, kept from run to run: a later run starts
+  from what the earlier ones measured instead of spending its first rounds trying every K."""
   draft = None if drafter.model is None else weakref.ref(drafter.model)
   key = (draft, *sorted(verifier.static.items()))
-  costs, kept = _auto.setdefault(verifier.target, {}).setdefault(key, ({}, KeptEstimate()))
-  missing = [k for k in LOOKAHEADS if k not in costs]
-  for _ in range(5):      # interleaved: a slow spell of the machine falls on every K, not on one
-    for k in missing:
-      seconds = best_seconds(lambda: read(warm_up_round(drafter, verifier, [token, token], k), Stats()), 1)
-      costs[k] = min(costs.get(k, math.inf), seconds)
-  return costs, kept
+  return _auto.setdefault(verifier.target, {}).setdefault(key, AutoLookahead())
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
@@ -597,8 +589,8 @@ def parse_args(argv=None):
   ap.add_argument("--ngram-max", type=int, default=3, help="--draft ngram: the longest suffix to look up")
   ap.add_argument("--ngram-min", type=int, default=1, help="--draft ngram: the shortest suffix to look up")
   ap.add_argument("-K", "--lookahead", type=lookahead, default=2, help="tokens the draft proposes per round; 'auto' "
-                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round by the round costs measured at "
-                  "warm-up and the rates at which the pair's rounds keep drafts")
+                  f"chooses from {', '.join(map(str, LOOKAHEADS))} each round: the most tokens per second in the "
+                  "recent rounds run with each K")
   ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
                   "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. "
                   "2023). Both keep the target's distribution exactly")

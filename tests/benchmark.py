@@ -92,6 +92,17 @@ def generate_all(fn, prompts, n) -> tuple[float, int, list, int]:
     stats.append(st)
   return total, tokens, stats, len(to_program_cache) - compiled
 
+def simulated_auto(costs:dict[int, float], a:float, rounds:int=2000, seed:int=0) -> tuple[float, int]:
+  """-K auto over simulated rounds that keep each draft with probability a and cost costs[K]: (tokens per second, the K
+  it ran most)."""
+  rng, auto, tokens, seconds, runs = np.random.default_rng(seed), spec.AutoLookahead(), 0, 0.0, collections.Counter()
+  for _ in range(rounds):
+    K = auto.choose()
+    kept = 1 + next((i for i in range(K) if rng.random() >= a), K)
+    auto.update(K, kept, costs[K])
+    tokens, seconds, runs[K] = tokens + kept, seconds + costs[K], runs[K] + 1
+  return tokens / seconds, runs.most_common(1)[0][0]
+
 def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify) -> dict:
   """One line of the table from the baseline's and the speculative run's (seconds, tokens, compiled)."""
   rounds, drafted, accepted = (sum(getattr(s, f) for s in stats) for f in ("rounds", "drafted", "accepted"))
@@ -197,17 +208,14 @@ def main():
     ar_per_token = {r["T"]: r["ar_seconds"] / r["ar_tokens"] for r in xl["rows"]}
     seed_theory = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_target"])
     seed_aware = SEED_R_PRIME * (SEED_K + 1) * xl["t_target"] / (SEED_K * xl["t_draft"] + xl["t_verify"][SEED_K])
-    # -K auto at the seed's acceptance: its estimator, fed rounds that keep each draft with the seed's rate a (r'(K+1)
-    # tokens a round at K 4), ranks K by tokens per second with these passes' costs; each K's speedup as predicted
+    # -K auto at the seed's acceptance: rounds simulated with these passes' costs, each draft kept with the seed's rate a
+    # (r'(K+1) tokens a round at K 4); its tokens per second against each fixed K's as predicted
     a = next(a / 1000 for a in range(999, 0, -1) if (1 - (a / 1000) ** (SEED_K + 1)) / (1 - a / 1000) <= SEED_R_PRIME * (SEED_K + 1))
-    kept = spec.KeptEstimate(decay=1.0)
-    rng = np.random.default_rng(0)
-    for _ in range(4000): kept.update(next((j for j in range(8) if rng.random() >= a), 8), 8)
     costs = {K: K * xl["t_draft"] + xl["t_verify"][K] for K in spec.LOOKAHEADS}
-    predicted = {K: kept.tokens(K) * xl["t_target"] / costs[K] for K in spec.LOOKAHEADS}
-    auto = spec.choose_lookahead(kept, costs)
+    predicted = {K: (1 - a ** (K + 1)) / (1 - a) * xl["t_target"] / costs[K] for K in spec.LOOKAHEADS}
+    auto_tokens_per_s, auto = simulated_auto(costs, a)
     report["xl"] = dict(auto_at_seed_acceptance=dict(per_token_rate=a, predicted=predicted, auto=auto,
-                                                     auto_over_best=predicted[auto] / max(predicted.values())),
+                                                     auto_over_best=auto_tokens_per_s * xl["t_target"] / max(predicted.values())),
                         bandwidth_floor=floor, decode_over_floor=xl["t_target"] / floor,
                         single_core_floor=tw / bws["numpy BLAS matvec, 1 thread"],
                         ar_over_floor={T: s / floor for T, s in ar_per_token.items()},
@@ -238,8 +246,8 @@ def main():
     print(f"peak resident memory {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/(mem['weight_bytes']+mem['kv_bytes']):.2f}x "
           f"(weights {mem['weight_bytes']/1e9:.2f} GB + KV caches {mem['kv_bytes']/1e9:.2f} GB)")
     au = x["auto_at_seed_acceptance"]
-    print(f"-K auto at the seed's acceptance (each draft kept with {au['per_token_rate']:.3f}): chooses K {au['auto']}, "
-          f"{au['auto_over_best']:.3f} of the best fixed K's predicted speedup ("
+    print(f"-K auto at the seed's acceptance (each draft kept with {au['per_token_rate']:.3f}): runs K {au['auto']} most, "
+          f"{au['auto_over_best']:.3f} of the best fixed K's predicted speedup in simulated rounds ("
           + ", ".join(f"K {K}: {v:.2f}x" for K, v in au["predicted"].items()) + ")")
     print(f"the seed's acceptance (r' {SEED_R_PRIME}, K {SEED_K}) with these gpt2-xl/gpt2 costs: {x['seed_prediction']:.2f}x "
           f"(theoretical), {x['seed_prediction_overhead_aware']:.2f}x (overhead-aware); the seed measured {SEED_SPEEDUP}x on its GPU")

@@ -177,34 +177,34 @@ def test_a_generation_whose_steps_are_warm_runs_no_warm_up_round(tiny_dir, monke
   for generate in generations: generate()
   assert rounds == [], f"warm-up rounds (K) of generations whose steps are warm: {rounds}"
 
-def test_auto_measures_round_costs_once_per_target_draft_and_choices(tiny_dir, monkeypatch):
-  """-K auto starts from a measured cost per K (the best of 5 rounds each, interleaved): measured in the first run with a
-  target, draft model (or none) and structural choices, then kept, so that a later run measures nothing (each run
-  measuring anew cost 12 rounds a call); another draft or temperature is measured anew."""
-  measured, best_seconds = [], spec.best_seconds
-  monkeypatch.setattr(spec, "best_seconds", lambda fn, *args: measured.append(fn) or best_seconds(fn, *args))
+def test_auto_keeps_one_estimate_per_target_draft_and_choices(tiny_dir):
+  """-K auto measures nothing at warm-up: its estimate comes from the rounds, kept per target, draft model (or none) and
+  structural choices, so that a later run goes on from it; another draft or temperature starts its own."""
   target, draft, other = (load(tiny_dir / name) for name in ("target", "draft", "other"))
-  def measures(draft, T:float) -> int:
-    before = len(measured)
-    speculative_generate(target, draft, [5, 6, 7], "auto", 10, Sampling(T), eos=None)
-    return len(measured) - before
-  n = 5 * len(spec.LOOKAHEADS)
-  assert measures(draft, 1.0) == n + 1                       # and the target's decode, once per target (t_target)
-  assert [measures(draft, 1.0), measures(draft, 1.0)] == [0, 0]
-  assert [measures(draft, 0.0), measures(other, 1.0), measures(PromptLookup(), 1.0), measures(PromptLookup(2), 1.0)] == [n, n, n, 0]
-  assert len(spec._auto[target]) == 4 and all(len(costs) == len(spec.LOOKAHEADS) for costs, _ in spec._auto[target].values())
+  rounds = lambda auto: sum(map(len, auto.kept.values()))
+  def run(draft, T:float) -> tuple[spec.AutoLookahead, int]:
+    stats = speculative_generate(target, draft, [5, 6, 7], "auto", 10, Sampling(T), eos=None)[1]
+    assert stats.rounds == sum(stats.lookaheads.values())
+    return stats.rounds
+  n = run(draft, 1.0)
+  (first,) = spec._auto[target].values()
+  assert rounds(first) == n
+  n += run(draft, 1.0) + run(draft, 1.0)
+  assert len(spec._auto[target]) == 1 and rounds(first) == n
+  for d, T in ((draft, 0.0), (other, 1.0), (PromptLookup(), 1.0), (PromptLookup(2), 1.0)): run(d, T)
+  assert len(spec._auto[target]) == 4 and rounds(first) == n                  # the two lookups share theirs
 
-def test_auto_carries_kept_rates_over_runs(tiny_dir, monkeypatch):
-  """-K auto's second run with a pair starts from the rates the first one measured, not from the prior: a fresh
-  estimate spent each prompt's first rounds on K it then left (docs/measurements.md, session 26)."""
+def test_auto_goes_on_from_what_earlier_runs_measured(tiny_dir, monkeypatch):
+  """-K auto's second run with a pair starts at the K the first one found best, not by trying every K again (a fresh
+  estimate per run spent each prompt's first rounds on K it then left: docs/measurements.md, session 26)."""
   target, same = (load(tiny_dir / "target") for _ in range(2))        # a draft equal to its target keeps everything
-  first, choose = [], spec.choose_lookahead
-  monkeypatch.setattr(spec, "choose_lookahead", lambda kept, costs: first.append(kept.tokens(8)) or choose(kept, costs))
-  for _ in range(2):
-    first.append(None)
-    speculative_generate(target, same, [5, 6, 7], "auto", 40, eos=None)
-  starts = [first[i + 1] for i, v in enumerate(first) if v is None]
-  assert starts[0] == pytest.approx(spec.KeptEstimate().tokens(8)) and starts[1] > 8, starts
+  chosen, choose = [], spec.AutoLookahead.choose
+  monkeypatch.setattr(spec.AutoLookahead, "choose", lambda self: chosen.append(choose(self)) or chosen[-1])
+  for n in (100, 40):                  # the first: 3 rounds of each K in turn (57 tokens), then K 8
+    chosen.append(None)
+    speculative_generate(target, same, [5, 6, 7], "auto", n, eos=None)
+  first, second = chosen[1:chosen.index(None, 1)], chosen[chosen.index(None, 1) + 1:]
+  assert first[:12] == list(spec.LOOKAHEADS) * 3 and set(first[12:]) == set(second) == {8}, chosen
 
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
@@ -343,33 +343,47 @@ def test_greedy_model_draft_and_prompt_lookup_share_a_verify_step(tiny, target_t
     target = target_twin if first is tiny["draft"] else tiny["target"]
     for draft in (first, then): assert_greedy_identical(target, draft, [5, 9, 2, 5, 9], 3, n=40)
 
-def rounds(kept:spec.KeptEstimate, K:int, rates:list[float], n:int=4000, seed:int=0) -> spec.KeptEstimate:
-  """n rounds of K drafts whose i-th is kept with probability rates[i] once the ones before it were."""
-  rng = np.random.default_rng(seed)
-  for _ in range(n): kept.update(next((i for i in range(K) if rng.random() >= rates[i]), K), K)
-  return kept
+def simulated_auto(kept:list[float], costs:dict[int, float], n:int=3000, seed:int=0) -> float:
+  """-K auto over n simulated rounds: the expected tokens per second of the K it chose, over the best fixed K's. A
+  round with K keeps its i-th draft with probability kept[i] once it kept the ones before (block verification's rates
+  grow with i), and costs costs[K] times a log-normal factor (sigma 0.2), 20 times that in 1% of rounds (a stall)."""
+  rng, auto, chosen = np.random.default_rng(seed), spec.AutoLookahead(), collections.Counter()
+  expected = {K: 1 + sum(math.prod(kept[:i + 1]) for i in range(K)) for K in spec.LOOKAHEADS}
+  for _ in range(n):
+    chosen[K := auto.choose()] += 1
+    n_kept = next((i for i in range(K) if rng.random() >= kept[i]), K)
+    auto.update(K, n_kept + 1, costs[K] * rng.lognormal(0, 0.2) * (20 if rng.random() < 0.01 else 1))
+  rate = sum(n * expected[K] for K, n in chosen.items()) / sum(n * costs[K] for K, n in chosen.items())
+  return rate / max(expected[K] / costs[K] for K in spec.LOOKAHEADS)
 
-def test_kept_estimate_measures_what_the_rule_keeps():
-  # drafts kept independently with probability a: the token-wise formula (1 - a^(K+1)) / (1 - a), for every K; rates
-  # that grow with the position, as block verification's do, give more than that formula of their first rate
-  for a in (0.3, 0.7, 0.9):
-    est = rounds(spec.KeptEstimate(decay=1.0), 8, [a] * 8)
-    for K in spec.LOOKAHEADS: assert abs(est.tokens(K) - (1 - a ** (K + 1)) / (1 - a)) < 0.1 * K, (a, K)
-  growing = rounds(spec.KeptEstimate(decay=1.0), 4, [0.6, 0.7, 0.8, 0.9])
-  assert growing.tokens(4) > (1 - 0.6 ** 5) / 0.4 + 0.3
-  assert abs(growing.tokens(4) - (1 + 0.6 + 0.6*0.7 + 0.6*0.7*0.8 + 0.6*0.7*0.8*0.9)) < 0.05
-  # a K never run is predicted from the positions' rate, not left at a prior that would keep -K auto from trying it
-  short = rounds(spec.KeptEstimate(decay=1.0), 2, [0.95, 0.95])
-  assert short.tokens(8) > short.tokens(4) > short.tokens(2) > 2.8
-  assert spec.KeptEstimate().tokens(4) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)   # the prior: one of each
+# round costs (ms): gpt2-xl/gpt2 on pocl, the deep pair (session 27's passes), a draft a third as dear as its target
+COSTS = {"gpt2-xl": {K: 25 * K + t for K, t in zip(spec.LOOKAHEADS, (270, 290, 350, 550))},
+         "deep": {K: 4.5 * K + t for K, t in zip(spec.LOOKAHEADS, (21.3, 25.5, 31.1, 32.3))},
+         "dear draft": {K: 3.3 * K + 10 + K for K in spec.LOOKAHEADS}}
+# kept rates: every draft alike, as the seed's r' at K 4 (0.895) and lower; rising with the position, as block
+# verification's on the deep pair at T 1, and flatter, as at T 0
+KEPT = {"0.6": [0.6] * 8, "seed": [0.895] * 8, "rising": [0.55, 0.65, 0.75, 0.8, 0.85, 0.85, 0.85, 0.85],
+        "flat": [0.6, 0.65, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]}
 
-def test_choose_lookahead_on_synthetic_costs():
-  cheap_draft = {K: 1.0 + 0.05 * K for K in spec.LOOKAHEADS}    # a draft step costs 5% of a verify pass
-  estimate = lambda a: rounds(spec.KeptEstimate(decay=1.0), 8, [a] * 8, n=2000)
-  assert spec.choose_lookahead(estimate(0.99), cheap_draft) == 8 and spec.choose_lookahead(estimate(0.01), cheap_draft) == 1
-  assert spec.choose_lookahead(estimate(0.8), cheap_draft) in (4, 8)
-  dear_draft = {K: 1.0 + 0.9 * K for K in spec.LOOKAHEADS}      # drafting costs almost as much as verifying
-  assert spec.choose_lookahead(estimate(0.8), dear_draft) == 1
+@pytest.mark.parametrize("costs", COSTS)
+@pytest.mark.parametrize("kept", KEPT)
+def test_auto_runs_within_5_percent_of_the_best_fixed_K(costs, kept):
+  """Issue 39's aim as a property of the chooser, on simulated rounds (seed 0): its expected tokens per second
+  against the best fixed K's, its exploration and noisy, stalling rounds included. (Over seeds 0-5 the worst of these
+  cases is 0.954; a draft that costs nothing, where K 8's tokens vary most, can take thousands of rounds to find it.)"""
+  assert simulated_auto(KEPT[kept], COSTS[costs]) >= 0.95
+
+def test_auto_leaves_a_K_that_got_worse():
+  """The estimate follows the rounds: when K 8's rounds start costing 4 times as much (another process took the
+  machine's bandwidth), -K auto moves off it within a few hundred rounds."""
+  auto, rng = spec.AutoLookahead(), np.random.default_rng(0)
+  costs = {K: 1.0 + 0.05 * K for K in spec.LOOKAHEADS}
+  for i in range(1500):
+    if i == 500: costs[8] *= 4
+    K = auto.choose()
+    auto.update(K, next((j for j in range(K) if rng.random() >= 0.9), K) + 1, costs[K])
+    if i == 499: assert max(spec.LOOKAHEADS, key=auto.tokens_per_second) == 8
+  assert max(spec.LOOKAHEADS, key=auto.tokens_per_second) == 4
 
 def test_auto_lookahead_greedy_identity_and_report(docs_target, docs_draft, enc):
   stats = assert_greedy_identical(docs_target, docs_draft, enc.encode(PROMPTS[4]), "auto", n=100)
