@@ -93,14 +93,13 @@ def generate_all(fn, prompts, n) -> tuple[float, int, list, int]:
   return total, tokens, stats, len(to_program_cache) - compiled
 
 def simulated_auto(costs:dict[int, float], a:float, rounds:int=2000, seed:int=0) -> tuple[float, int]:
-  """-K auto over simulated rounds that keep each draft with probability a and cost costs[K]: (tokens per second, the K
-  it ran most)."""
-  rng, auto, tokens, seconds, runs = np.random.default_rng(seed), spec.AutoLookahead(), 0, 0.0, collections.Counter()
+  """-K auto over simulated rounds that keep each draft with probability a and cost costs[K]: (the expected tokens per
+  second of the K it chose, the K it ran most)."""
+  rng, auto, tokens, seconds, runs = np.random.default_rng(seed), spec.AutoLookahead(), 0.0, 0.0, collections.Counter()
   for _ in range(rounds):
     K = auto.choose()
-    kept = 1 + next((i for i in range(K) if rng.random() >= a), K)
-    auto.update(K, kept, costs[K])
-    tokens, seconds, runs[K] = tokens + kept, seconds + costs[K], runs[K] + 1
+    auto.update(K, 1 + next((i for i in range(K) if rng.random() >= a), K), costs[K])
+    tokens, seconds, runs[K] = tokens + (1 - a ** (K + 1)) / (1 - a), seconds + costs[K], runs[K] + 1
   return tokens / seconds, runs.most_common(1)[0][0]
 
 def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify) -> dict:
