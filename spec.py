@@ -309,7 +309,7 @@ def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:lis
                          max_new_tokens:int=256, sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT,
                          on_token=None, verification:str="block") -> tuple[list[int], Stats]:
   """Speculative sampling: the new tokens (distributed exactly as the target's) and the run's Stats. draft: a GPT2 or a
-  PromptLookup. K: the lookahead, or "auto" to choose it each round (choose_lookahead()). verification: a rule of RULES.
+  PromptLookup. K: the lookahead, or "auto" to choose it each round (AutoLookahead). verification: a rule of RULES.
   on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
   check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K,
         verification, seed)
