@@ -130,12 +130,14 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
   diff = (q - p).relu()
   return diff / diff.sum(-1, keepdim=True)
 
-def propose(draft:GPT2, unseen:Tensor, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *, K:int,
+def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *unseen_ids:UOp, K:int,
             greedy:bool, filters:tuple[str, ...]):
-  """Step 1. unseen (1, w): the tokens the draft has not consumed yet, the last one being x_n; start_pos: where they go.
-  Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy:
-  p = None, one-hot on the block, and nothing is drawn."""
+  """Step 1. unseen_ids: the w tokens the draft has not consumed yet, the last one being x_n, as bound variables (they
+  reach the step without a kernel or copy of their own: token_variables()); start_pos: where they go. Returns the verify
+  input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy: p = None, one-hot
+  on the block, and nothing is drawn."""
   u = None if greedy else uniform(key, nonce, K, uniforms_per_draw(vocab_width(draft.cfg.vocab_size)))
+  unseen = token_tensor(unseen_ids)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
     logits = padded(draft.forward(tokens, pos)[-1:])
@@ -253,8 +255,8 @@ class ModelDraft:
     start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
     step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
-    unseen, positions = device_tokens(tokens[start:]), self.model.positions.bind(start)
-    return step(self.model, unseen, positions, self.key, NONCE.bind(nonce), *self.params)
+    positions = self.model.positions.bind(start)
+    return step(self.model, positions, self.key, NONCE.bind(nonce), *self.params, *token_variables(tokens[start:]))
   def warm(self, K:int) -> bool: return all(warm(self.model.jit(propose, w, K=K, **self.static)) for w in (1, 2))
 
 @dataclass(frozen=True)
@@ -388,10 +390,17 @@ def device_tokens(tokens:list[int]) -> Tensor:
   call of the same width."""
   w = len(tokens)
   if w not in _token_writers:  # zeros: a realized input, so that the JIT has a kernel to capture and owns its output
-    build = lambda zeros, *ids: (zeros + Tensor.stack(*map(Tensor, ids)).cast(dtypes.int32).reshape(1, w)).realize()
+    build = lambda zeros, *ids: (zeros + token_tensor(ids)).realize()
     _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
   zeros, build = _token_writers[w]
-  return build(zeros, *[UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)])
+  return build(zeros, *token_variables(tokens))
+
+def token_variables(tokens:list[int]) -> list[UOp]:
+  """Token ids as bound variables: a new value reaches a compiled step without a copy, and nothing recompiles."""
+  return [UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)]
+
+def token_tensor(ids:tuple[UOp, ...]) -> Tensor:  # (1, w) int32, computed inside the kernels that read it
+  return Tensor.stack(*map(Tensor, ids)).cast(dtypes.int32).reshape(1, len(ids))
 
 def warm(step) -> bool:
   """Whether a compiled step's calls are now replays: it ran plainly, was captured, and replayed once more (the first
