@@ -10,10 +10,11 @@ process on the same machine (ratios from one run). Not a dependency of spec.py o
 Forward passes: one pass of w tokens after a KV cache of 100 tokens (a decode for w = 1), best of 5, float32, both on
 all cores (torch.set_num_threads(os.cpu_count())). Generation: the trained pair docs-deep/docs-draft on a dozen English
 prompts, 128 new tokens each, greedy; spec's target alone and speculative sampling with default flags against
-transformers' plain and assisted generation (assistant_model=the draft, num_assistant_tokens=4 as spec's K, the
-constant schedule), each after a warm-up generation.
+transformers' plain and assisted generation (assistant_model=the draft: with spec's default K as num_assistant_tokens on
+the constant schedule, and with transformers' own defaults, as a user who passes only the draft runs it), each after a
+warm-up generation.
 """
-import argparse, os, pathlib, sys, time
+import argparse, copy, inspect, os, pathlib, sys, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
@@ -66,13 +67,14 @@ def main():
     passes("docs-deep", target, hf_target); passes("docs-draft", draft, hf_draft, widths=(1,))
   enc = models.tokenizer()
   prompts = [enc.encode(p) for p in PAIRED_PROMPTS]
-  def hf(assisted:bool) -> int:
-    n = 0
+  K = inspect.signature(spec.speculative_generate).parameters["K"].default
+  defaults = copy.deepcopy(hf_draft.generation_config)
+  def hf(assisted:bool, constant_K:bool=False) -> int:
+    hf_draft.generation_config = copy.deepcopy(defaults)
+    if constant_K: hf_draft.generation_config.update(num_assistant_tokens_schedule="constant", num_assistant_tokens=K)
+    n, kw = 0, dict(assistant_model=hf_draft) if assisted else {}
     with torch.no_grad():
       for p in prompts:
-        kw = dict(assistant_model=hf_draft) if assisted else {}
-        if assisted: hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
-        if assisted: hf_draft.generation_config.num_assistant_tokens = 4
         out = hf_target.generate(torch.tensor([p]), max_new_tokens=args.n, min_new_tokens=args.n, do_sample=False,
                                  pad_token_id=models.EOT, **kw)
         n += out.shape[1] - len(p)
@@ -82,7 +84,9 @@ def main():
           (lambda p: spec.autoregressive_generate(target, p, max_new_tokens=args.n, eos=None))
     return sum(len(run(p)[0]) for p in prompts)
   runs = {"spec, target alone": lambda: ours(False), "spec, speculative (default flags)": lambda: ours(True),
-          "transformers, target alone": lambda: hf(False), "transformers, assisted generation": lambda: hf(True)}
+          "transformers, target alone": lambda: hf(False),
+          f"transformers, assisted generation (K {K}, constant)": lambda: hf(True, constant_K=True),
+          "transformers, assisted generation (its defaults)": lambda: hf(True)}
   if args.n < 1: return
   print(f"\n### docs-deep / docs-draft: {len(prompts)} prompts x {args.n} new tokens, greedy\n\n| run | tokens/s |\n|---|---|")
   for name, fn in runs.items():
