@@ -15,6 +15,8 @@ the same prompts and token counts. From those:
   theoretical (the seed)  = r'(K+1) t_target / (K t_draft + t_target)
   overhead-aware          = (tokens per round) t_target / (K t_draft + t_verify(K+1))
   efficiency              = measured / overhead-aware  (1.0: the loop around the forward passes costs nothing)
+  loop efficiency         = the rounds' forward passes (K t_draft + t_verify(K+1) each) / speculative seconds: as
+                            efficiency, without pricing the baseline at t_target (its tokens cost AR/t_target of it)
 plus the memory read bandwidth (a matrix-vector product over 1 GiB: tinygrad's, numpy's BLAS on all cores and on
 one), the gpt2-xl decode as a multiple of (weight bytes / bandwidth), its K+1-token passes as multiples of its decode,
 the peak resident memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
@@ -120,14 +122,15 @@ def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify, t_draft_co
   measured = (ar[0] / ar[1]) / (sp[0] / sp[1])
   theoretical = tpr * t_target / (mean_K * t_draft + t_target)
   # the rounds' forward passes alone: k draft steps and a target pass of width k+1 (-K auto and lookup mix the k)
-  aware = sp[1] * t_target / sum(n * (k * t_draft + t_verify[k]) for k, n in lookaheads.items())
+  passes = sum(n * (k * t_draft + t_verify[k]) for k, n in lookaheads.items())
+  aware = sp[1] * t_target / passes
   # a draft step in the rounds (synchronized after the K steps) against the draft's one-token pass timed alone
   step = sum(s.time_draft for s in stats) / drafted if drafted else None
   return dict(T=T, K=K, alpha=accepted / drafted if drafted else 0.0, tokens_per_round=tpr, mean_K=mean_K,
               t_verify=t_verify.get(K), draft_step_over_decode=step / t_draft if step and t_draft else None,
               draft_step_over_cold_decode=step / t_draft_cold if step and t_draft_cold else None,
               ar_seconds=ar[0], ar_tokens=ar[1], spec_seconds=sp[0], spec_tokens=sp[1], measured=measured,
-              theoretical=theoretical, overhead_aware=aware, efficiency=measured / aware,
+              theoretical=theoretical, overhead_aware=aware, efficiency=measured / aware, loop_efficiency=passes / sp[0],
               ar_overhead=(ar[0] / ar[1]) / t_target, compiled=ar[2] + sp[2], lookaheads=lookaheads)
 
 def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(0.0, 1.0), Ks=KS + ("auto",)) -> dict:
@@ -151,6 +154,7 @@ def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(
       rows.append(r | dict(rule=rule))
       print(f"  {name} T={T:g} K={K} {rule}: alpha {r['alpha']:.3f}, tokens/round {r['tokens_per_round']:.2f}, measured {r['measured']:.2f}x"
             + f", overhead-aware {r['overhead_aware']:.2f}x, efficiency {r['efficiency']:.2f}"
+            + f", loop efficiency {r['loop_efficiency']:.2f}"
             + (f", rounds by K {r['lookaheads']}" if K == "auto" or lookup else ""), file=sys.stderr, flush=True)
   return dict(pair=name, t_target=t_target, t_draft=t_draft, t_draft_cold=t_draft_cold, t_verify=t_verify, rows=rows)
 
@@ -174,14 +178,15 @@ def table(result:dict) -> str:
   cold = f", {result['t_draft_cold']*1e3:.1f} ms after a target pass" if result["t_draft_cold"] else ""
   lines = [f"### {result['pair']}: t_target {result['t_target']*1e3:.1f} ms, t_draft {result['t_draft']*1e3:.1f} ms{cold} "
            f"(t_draft/t_target {result['t_draft']/result['t_target']:.3f})", "",
-           "| T | K | verify | t_verify(K+1) ms | alpha | tokens/round | AR s | spec s | measured | theoretical | overhead-aware | efficiency | draft step/t_draft | draft step/after target | AR/t_target | compiled |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| T | K | verify | t_verify(K+1) ms | alpha | tokens/round | AR s | spec s | measured | theoretical | overhead-aware | efficiency | loop efficiency | draft step/t_draft | draft step/after target | AR/t_target | compiled |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     K = r["K"] if r["K"] != "auto" and not r["lookaheads"].get(0) else \
       f"{r['K']} ({', '.join(f'{k}:{n}' for k, n in sorted(r['lookaheads'].items()))})"
     lines.append(f"| {r['T']:g} | {K} | {r['rule']} | {f(r['t_verify'] and r['t_verify']*1e3, '.1f')} | {r['alpha']:.3f} | {r['tokens_per_round']:.2f} | "
                  f"{r['ar_seconds']:.2f} | {r['spec_seconds']:.2f} | {r['measured']:.2f}x | {r['theoretical']:.2f}x | "
-                 f"{r['overhead_aware']:.2f}x | {r['efficiency']:.2f} | {f(r['draft_step_over_decode'], '.2f')} | "
+                 f"{r['overhead_aware']:.2f}x | {r['efficiency']:.2f} | {r['loop_efficiency']:.2f} | "
+                 f"{f(r['draft_step_over_decode'], '.2f')} | "
                  f"{f(r['draft_step_over_cold_decode'], '.2f')} | "
                  f"{r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
