@@ -349,7 +349,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
     # (the target's cache rolls back by position, as the draft's)
     result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
-    t2, drafted = time.perf_counter(), (len(result) - 4) // 3            # drafted < k: prompt lookup found less
+    t2, drafted = time.perf_counter(), (len(result) - 4) // 3   # packed(): 4 + 3k floats; k < K: lookup found less
     events = round_events(result, drafted)
     if auto: auto.update(k, len(events), t2 - t0)
     stats.add_round(drafted, len(events) - 1, t1 - t0, t2 - t1)
