@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse, codecs, collections, json, math, os, statistics, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, UOp, Device, dtypes
+from tinygrad import Tensor, TinyJit, UOp, Device, dtypes
 import models
 from models import EOT, GPT2, vocab_width
 
@@ -148,6 +148,8 @@ def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, to
       x = sample(ps[-1], u[t:t+1])                                          # x~_t+1 ~ p
     drafted.append(x.realize())                           # realized: the next step reads it, not recomputes it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
+  # the block flat, then viewed as (1, K+1): device_tokens()'s layout, so greedy model drafts and prompt lookup (both
+  # one-hot) share the target's compiled verify step
   block = unseen[0, -1:].cat(*drafted).realize().reshape(1, K + 1)
   return block, None if greedy else Tensor.cat(*ps).realize()
 
@@ -211,11 +213,9 @@ def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, 
   qx, px = (t[Tensor.arange(K), drafted].contiguous() for t in (q, p))
   return packed(n, token, q[n, token], p[n, token], drafted, qx, px)
 
-def target_verify(target:GPT2, block:Tensor|None, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k,
-                  top_p, *block_ids:UOp, host:bool=False, **static) -> Tensor:
-  """Steps 2 and 3 in one JIT call: the target's pass over block, then verify(). A block made on the host (prompt
-  lookup, the baseline) comes as block_ids, bound variables (token_variables()): host, and block is None."""
-  if host: block = token_tensor(block_ids)
+def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p,
+                  **static) -> Tensor:
+  """Steps 2 and 3 in one JIT call: the target's pass over block, then verify()."""
   return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, temperature, top_k, top_p, **static)
 
 def packed(n, token, q_next, p_next, drafted, qx, px) -> Tensor:
@@ -237,9 +237,8 @@ class Drafter(Protocol):
   one_hot: bool                                    # propose() returns p = None: one-hot on the block
   model: GPT2|None                                 # the draft model, if any: a round's cost depends on it
   def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor|list[int], Tensor|None]:
-    """The block [x_n, x~_1..x~_k], k <= K: (1, k+1) on the device, or its ids on the host; and p (k, V) or None:
-    one-hot on the block."""
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
+    """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
   def warm(self, K:int) -> bool: ...               # its compiled steps for K are warm (warm())
 
 class ModelDraft:
@@ -273,9 +272,9 @@ class PromptLookup:
       raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[list[int], None]:
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]:
     """The block [x_n, lookup(tokens, K)]: k = K tokens or, without a match, none (the round is a target step)."""
-    return tokens[-1:] + self.lookup(tokens, K), None
+    return device_tokens(tokens[-1:] + self.lookup(tokens, K)), None
   def lookup(self, tokens:list[int], K:int) -> list[int]:
     """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end runs
     into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
@@ -291,7 +290,7 @@ class NoDraft:
   kind, one_hot, model = "", True, None
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[list[int], None]: return tokens[-1:], None
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]: return device_tokens(tokens[-1:]), None
 
 class Verifier:
   """Steps 2 and 3: the target's pass over the block, then verify() by the rule: one JIT call (target_verify()) per
@@ -299,16 +298,12 @@ class Verifier:
   def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
     self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
-  def __call__(self, block:Tensor|list[int], p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    host = isinstance(block, list)   # its ids: prompt lookup, the baseline
-    step = self.step(len(block) if host else block.shape[1], p is None, host)
-    ids = token_variables(block) if host else ()
-    return step(self.target, None if host else block, self.target.positions.bind(start_pos), p, self.key,
-                NONCE.bind(nonce), *self.params, *ids)
-  def step(self, T:int, one_hot:bool, host:bool):
-    return self.target.jit(target_verify, T, one_hot=one_hot, host=host, **self.static)
-  def warm(self, K:int, one_hot:bool, host:bool) -> bool:  # a block from the host may hold no drafts (lookup: no match)
-    return all(warm(self.step(k + 1, one_hot, host)) for k in ((0, K) if host else (K,)))
+  def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
+    step = self.step(block.shape[1], p is None)
+    return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
+  def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
+  def warm(self, K:int, one_hot:bool, empty_rounds:bool=False) -> bool:  # empty_rounds: some propose nothing
+    return all(warm(self.step(k + 1, one_hot)) for k in ((0, K) if empty_rounds else (K,)))
 
 # ***** 3. the round loop *****
 
@@ -349,7 +344,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
     # (the target's cache rolls back by position, as the draft's)
     result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
-    t2, drafted = time.perf_counter(), (len(result) - 4) // 3   # packed(): 4 + 3k floats; k < K: lookup found less
+    t2, drafted = time.perf_counter(), block.shape[1] - 1                # drafted < k: prompt lookup found less
     events = round_events(result, drafted)
     if auto: auto.update(k, len(events), t2 - t0)
     stats.add_round(drafted, len(events) - 1, t1 - t0, t2 - t1)
@@ -388,6 +383,18 @@ NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
+_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
+def device_tokens(tokens:list[int]) -> Tensor:
+  """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device, built by a compiled kernel per width from
+  bound variables: Tensor(list) schedules a new host-to-device copy on every call. Its buffer is rewritten by the next
+  call of the same width."""
+  w = len(tokens)
+  if w not in _token_writers:  # zeros: a realized input, so that the JIT has a kernel to capture and owns its output
+    build = lambda zeros, *ids: (zeros + token_tensor(ids)).realize()
+    _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
+  zeros, build = _token_writers[w]
+  return build(zeros, *token_variables(tokens))
+
 def token_variables(tokens:list[int]) -> list[UOp]:
   """Token ids as bound variables: a new value reaches a compiled step without a copy, and nothing recompiles."""
   return [UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)]
@@ -414,7 +421,7 @@ def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
   draft model's catch-up after a full accept; prompt lookup without and with a match)."""
   for k in lookaheads:
     for _ in range(3):
-      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, host=drafter.model is None): break
+      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, empty_rounds=drafter.model is None): break
       for context in ([token], [token, token]): warm_up_round(drafter, verifier, context, k)
 
 def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) -> Tensor:
@@ -426,9 +433,9 @@ _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDiction
 def time_target_decode(verifier:Verifier, token:int) -> float:
   """Seconds of a round of the target alone (its one-token pass and draw, as the baseline pays them), measured once per
   target at position 0 before the prefill rewrites it: the best of 3 once the step is warm."""
-  decode = lambda: verifier([token], None, 0, 1)
+  decode = lambda: verifier(device_tokens([token]), None, 0, 1)
   if verifier.target not in _decode_seconds:
-    while not verifier.warm(0, one_hot=True, host=True): decode()
+    while not verifier.warm(0, one_hot=True): decode()
     _decode_seconds[verifier.target] = best_seconds(decode, 3)
   return _decode_seconds[verifier.target]
 

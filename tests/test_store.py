@@ -2,7 +2,6 @@
 import json, os, subprocess, sys
 import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import Ops
 import models, spec
 from models import GPT2, engine
@@ -82,12 +81,10 @@ def run_step(model, kind:str, key):
     return [block.numpy()] + ([] if p is None else [p.numpy()]), model.jit(spec.propose, 1, K=3, **sampling.static)
   verifier = spec.Verifier(model, sampling, key, "token" if what == "token" else "block")
   one_hot = what == "token" or sampling.temperature == 0
-  tokens = Tensor([[9, 10, 11]], dtype=dtypes.int32)
-  p = None if one_hot else spec.warp(spec.padded(model.forward(tokens, 4)), *sampling.tensors(64), filters=()).realize()
-  host = what == "token"   # a block from the host (its ids, bound variables) as prompt lookup's, else on the device
-  block = [9, 10, 11, 12] if host else Tensor([[9, 10, 11, 12]], dtype=dtypes.int32).realize()
-  result = verifier(block, p, 4, nonce=5)
-  return result.numpy(), verifier.step(4, one_hot, host)
+  p = None if one_hot else spec.warp(spec.padded(model.forward(spec.device_tokens([9, 10, 11]), 4)), *sampling.tensors(64),
+                                     filters=()).realize()
+  result = verifier(spec.device_tokens([9, 10, 11, 12]), p, 4, nonce=5)
+  return result.numpy(), verifier.step(4, one_hot)
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_loaded_step_owns_its_buffers_and_computes_what_a_capture_does(tiny_dir, tmp_path, monkeypatch, kind):
