@@ -103,7 +103,9 @@ class GPT2:
 
   def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
-    return self.lm_head(self.ln_f(self.blocks(tokens, start_pos))[0])[:, :self.cfg.vocab_size]
+    # materialized: a reduction over the logits (greedy's argmax) would otherwise compute the lm_head inside its own
+    # kernel, one that a GPU runs on a few hundred threads
+    return self.lm_head(self.ln_f(self.blocks(tokens, start_pos))[0]).contiguous()[:, :self.cfg.vocab_size]
 
   def blocks(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """The embeddings through every block, filling the KV cache: (1, T, C)."""

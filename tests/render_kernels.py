@@ -13,8 +13,9 @@ PTX assembled by nvJitLink on the tiny model (tinygrad's PTX renderer took over 
 nvidia-cuda-nvrtc and nvidia-nvjitlink, found through NVRTC_PATH and NVJITLINK_PATH; .ci/run
 installs them), Metal and AMD's HIP rendered only (their compilers are macOS's and ROCm's). Each launch is checked
 against what those GPUs allow: at most 1024 threads a block (x, y <= 1024, z <= 64), grid y and z <= 65535, at most
-48 KiB of shared memory. It prints the kernel count per target and exits 1 on any render, compile or launch failure.
-Not collected by pytest.
+48 KiB of shared memory; and against what keeps one busy: at most 2**19 operations a thread, 2**16 below 32 threads
+(tinygrad's estimate, the context at its longest). It prints the kernel count per target and exits 1 on any render,
+compile or launch failure. Not collected by pytest.
 """
 import argparse, math, os, pathlib, subprocess, sys, time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -101,6 +102,9 @@ def run_paths(dtype:str, lookaheads:list[int], shapes:list[str]) -> None:
             f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 LIMITS = dict(threads=1024, block=(1024, 1024, 64), grid=(2**31 - 1, 65535, 65535), shared=48 * 1024)
+# operations a thread: beyond them a kernel leaves a GPU nearly idle (a reduction that took a matrix product or a sum
+# over the vocabulary into itself: docs/backends.md, session 32)
+WORK, SERIAL = 2**19, 2**16   # at most WORK a thread, and at most SERIAL a thread below a warp's 32 threads
 
 def launch_problems(prg) -> list[str]:
   info, problems = prg.arg, []
@@ -112,6 +116,9 @@ def launch_problems(prg) -> list[str]:
   shared = sum(u.dtype.itemsize * u.max_numel() for u in prg.src[0].toposort()
                if u.op is Ops.BUFFER and u.arg.addrspace == AddrSpace.LOCAL)
   if shared > LIMITS["shared"]: problems.append(f"shared memory {shared} bytes")
+  threads, ops = math.prod(glob) * math.prod(local), prg.src[0].arg.estimates.ops
+  work = (ops if isinstance(ops, int) else int(ops.vmax)) // threads
+  if work > WORK or (threads < 32 and work > SERIAL): problems.append(f"{work} operations a thread on {threads} threads")
   return problems
 
 def render(shape:str, dtype:str, lookaheads:list[int]) -> int:

@@ -3,6 +3,7 @@ every kernel runs in the interpreter: cache rollback and greedy identity on few 
 gpu elsewhere: parity with the numpy GPT-2, a (K+1)-wide pass against K+1 decodes, exact enumeration of whole rounds on
 the device, and the engine's kernels against their formulas. The engine measures its kernel choices there as
 everywhere (the timings of an interpreter choose arbitrarily; both choices are tested against the formula)."""
+import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -10,6 +11,7 @@ import spec
 from conftest import load, tolerance
 
 pytestmark = pytest.mark.gpu
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir): return {name: load(tiny_dir / name) for name in ("target", "draft")}
@@ -31,3 +33,27 @@ def test_greedy_identity_on_few_tokens(tiny, K, verification):
   alone = spec.autoregressive_generate(tiny["target"], [5, 9, 2], 12, eos=None)[0]
   got, stats = spec.speculative_generate(tiny["target"], tiny["draft"], [5, 9, 2], K, 12, eos=None, verification=verification)
   assert got == alone and stats.rounds < 12, stats
+
+PROBE = """
+import json, render_kernels as rk, models, spec
+from tinygrad import Tensor, dtypes
+from tinygrad.codegen import to_program
+model, metal = models.load("gpt2", "float32", dummy=True, plain=True), rk.targets(ptx=False)["Metal (rendered)"]
+hidden = Tensor.ones(1, model.cfg.n_embd).contiguous().realize()
+def problems(fn):
+  rk.asts.clear(); fn().realize()
+  return [p for prg in (to_program(ast, metal) for ast in rk.asts.values()) for p in rk.launch_problems(prg)]
+rk.record()
+print(json.dumps([problems(lambda: spec.best(model.forward(Tensor([[1]], dtype=dtypes.int32), 0))),
+                  problems(lambda: spec.best(model.lm_head(hidden)))]))
+"""
+
+def test_render_kernels_finds_a_kernel_that_leaves_a_gpu_idle():
+  """tests/render_kernels.py's work check can fail: greedy's argmax over gpt2's lm_head left lazy takes the matrix
+  product into its reduction (a few dozen threads, what session 32's H100 ran); over the forward's logits it does not.
+  On tinygrad's NULL device, rendered for Metal (no compiler needed)."""
+  env = {**os.environ, "DEV": "NULL", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+  out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  forward, lazy = json.loads(out.stdout.splitlines()[-1])
+  assert forward == [] and any("operations a thread" in p for p in lazy), (forward, lazy)
