@@ -116,8 +116,9 @@ def sample(probs:Tensor, u:Tensor) -> Tensor:
   B = -(-V // BLOCK)                                                              # blocks, the last padded with zeros
   blocks = probs.reshape(-1, V).pad(((0, 0), (0, B * BLOCK - V))).reshape(-1, B, BLOCK)
   u = u.reshape(blocks.shape[0], -1)
-  mass = blocks.sum(-1).contiguous()   # (N, B), materialized: fused into the race, a GPU sums every block on one thread
-  block = best(mass / -u[:, :B].log()).contiguous()                               # (N, 1), read by the second race
+  # (N, B), materialized: fused into the race below, a GPU would sum every block and take every log on one thread
+  weights = (blocks.sum(-1) / -u[:, :B].log()).contiguous()
+  block = best(weights).contiguous()                                              # (N, 1), read by the second race
   chosen = (Tensor.arange(B) == block).unsqueeze(-1).where(blocks, 0).sum(1)     # (N, BLOCK): its probabilities
   return (block * BLOCK + best(chosen / -u[:, B:].log())).reshape(rows).contiguous()
 
