@@ -38,7 +38,10 @@ PROBE = """
 import json, render_kernels as rk, models, spec
 from tinygrad import Tensor, dtypes
 from tinygrad.codegen import to_program
-model, metal = models.load("gpt2", "float32", dummy=True, plain=True), rk.targets(ptx=False)["Metal (rendered)"]
+from tinygrad.helpers import Target
+from tinygrad.renderer.cstyle import MetalRenderer
+rk.render_only()
+model, metal = models.load("gpt2", "float32", dummy=True, plain=True), MetalRenderer(Target("NULL", "METAL", ""))
 hidden = Tensor.ones(1, model.cfg.n_embd).contiguous().realize()
 def problems(fn):
   rk.asts.clear(); fn().realize()
@@ -51,7 +54,7 @@ print(json.dumps([problems(lambda: spec.best(model.forward(Tensor([[1]], dtype=d
 def test_render_kernels_finds_a_kernel_that_leaves_a_gpu_idle():
   """tests/render_kernels.py's work check can fail: greedy's argmax over gpt2's lm_head left lazy takes the matrix
   product into its reduction (a few dozen threads, what session 32's H100 ran); over the forward's logits it does not.
-  On tinygrad's NULL device, rendered for Metal (no compiler needed)."""
+  On tinygrad's NULL device, rendered for Metal (no compiler needed, NVIDIA's neither)."""
   env = {**os.environ, "DEV": "NULL", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
   out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
