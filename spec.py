@@ -342,14 +342,14 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     t0 = time.perf_counter()
     k = auto.choose() if auto else K
     block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                        # 1. x~_1..x~_k ~ p
-    t1 = synchronize()
     # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
-    # (the target's cache rolls back by position, as the draft's)
+    # (the target's cache rolls back by position, as the draft's). Nothing waits in between: Python enqueues the
+    # verify step while the draft's last step runs.
     result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
-    t2, drafted = time.perf_counter(), block.shape[1] - 1                # drafted < k: prompt lookup found less
+    drafted = block.shape[1] - 1                                         # drafted < k: prompt lookup found less
     events = round_events(result, drafted)
-    if auto: auto.update(k, len(events), t2 - t0)
-    stats.add_round(drafted, len(events) - 1, t1 - t0, t2 - t1)
+    if auto: auto.update(k, len(events), time.perf_counter() - t0)
+    stats.add_round(drafted, len(events) - 1)
     out.emit(events)
   return out.new, stats.finish(start, len(out.new))
 
@@ -410,10 +410,13 @@ def warm(step) -> bool:
   return step.cnt >= 3
 
 def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int, stats:Stats) -> AutoLookahead|None:
-  """Before the prompt: t_target and every step of the run warm (the seconds in time_warmup); -K auto's estimate."""
+  """Before the prompt: t_target, every step of the run warm, the draft's costs (the seconds in time_warmup); -K auto's
+  estimate."""
   t0 = time.perf_counter()
   stats.t_target = time_target_decode(verifier, token)     # first: it warms the one-token step, which warm_up() checks
-  warm_up(drafter, verifier, LOOKAHEADS if K == "auto" else (K,), token)
+  lookaheads = LOOKAHEADS if K == "auto" else (K,)
+  warm_up(drafter, verifier, lookaheads, token)
+  stats.draft_seconds = {k: time_draft_step(drafter, k, token) for k in lookaheads if k}
   stats.time_warmup = time.perf_counter() - t0
   return auto_lookahead(drafter, verifier) if K == "auto" else None
 
@@ -440,6 +443,13 @@ def time_target_decode(verifier:Verifier, token:int) -> float:
     while not verifier.warm(0, one_hot=True): decode()
     _decode_seconds[verifier.target] = best_seconds(decode, 3)
   return _decode_seconds[verifier.target]
+
+def time_draft_step(drafter:Drafter, K:int, token:int) -> float:
+  """Seconds of a drafted token: a proposal of K (a model's steps and draws, or a lookup and its copy to the device)
+  timed alone at position 1 before the prefill rewrites it, the best of 3, over K. The rounds do not time their phases:
+  a synchronization between them would cost every round (measurements.md, session 33)."""
+  drafter.reset([token])
+  return best_seconds(lambda: drafter.propose([token, token], K, 0)) / K
 
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
@@ -493,11 +503,10 @@ class Stats:
   drafted: int = 0                # = draft passes for a model draft: each pass proposes one token
   accepted: int = 0
   host_syncs: int = 0
-  time_draft: float = 0.0         # seconds, synchronized at phase boundaries
-  time_verify: float = 0.0
   time_total: float = 0.0         # the rounds, from the end of the prefill
   t_target: float = 0.0           # a round of the target alone (pass and draw), measured in the model's first run
-  t_draft: float = 0.0            # one draft pass (with its sampling); for prompt lookup, the lookup per drafted token
+  t_draft: float = 0.0            # a drafted token's cost (draft_seconds), the mean over the rounds' lookaheads
+  draft_seconds: dict = field(default_factory=dict)  # K -> a drafted token's seconds in a proposal of K, timed alone
   time_warmup: float = 0.0        # JIT capture and cost measurements, not in time_total
   K: int | str = 0                # the lookahead asked for: a number, or "auto"; 0 for the baseline
   draft: str = ""                 # "model", "ngram", or "" for the baseline
@@ -510,23 +519,23 @@ class Stats:
   mean_lookahead = property(lambda self: self.drafted / self.rounds if self.rounds else 0.0)
   r_prime = property(lambda self: self.tokens_per_round / (self.mean_lookahead + 1))                # the seed's r'
   tokens_per_s = property(lambda self: self.new_tokens / self.time_total if self.time_total else 0.0)
-  time_other = property(lambda self: self.time_total - self.time_draft - self.time_verify)
   @property
   def theoretical_speedup(self) -> float:  # r'(K+1) t_target / (t_draft K + t_target), costs from this run
     if not self.draft or not self.t_target: return 1.0
     K = self.mean_lookahead
     return self.r_prime * (K + 1) * self.t_target / (self.t_draft * K + self.t_target)
-  def add_round(self, drafted:int, accepted:int, time_draft:float, time_verify:float):
+  def add_round(self, drafted:int, accepted:int):
     self.rounds += 1; self.drafted += drafted; self.accepted += accepted
     self.lookaheads[drafted] = self.lookaheads.get(drafted, 0) + 1
-    self.time_draft += time_draft; self.time_verify += time_verify
   def finish(self, start:float, new_tokens:int) -> Stats:
     self.time_total, self.new_tokens = time.perf_counter() - start, new_tokens
-    if self.drafted: self.t_draft = self.time_draft / self.drafted
+    # prompt lookup drafts K or nothing; a model, the K it was asked for
+    spent = sum(n * k * self.draft_seconds.get(k, 0.0) for k, n in self.lookaheads.items())
+    if self.drafted: self.t_draft = spent / self.drafted
     return self
   def as_dict(self) -> dict:
     props = ("draft_passes", "acceptance_rate", "tokens_per_round", "mean_lookahead", "r_prime", "tokens_per_s",
-             "time_other", "theoretical_speedup")
+             "theoretical_speedup")
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
 def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block",
@@ -572,8 +581,7 @@ def summary(stats:Stats) -> str:
   return s + (f", {drafts}\n"
     f"  K={stats.K}{shown}, {stats.verification} verification: accepted {stats.accepted}/{stats.drafted} drafted "
     f"(alpha {stats.acceptance_rate:.3f}), {stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
-    f"  time: draft {stats.time_draft:.2f} s, verify {stats.time_verify:.2f} s, other {stats.time_other:.2f} s; "
-    f"t_draft {stats.t_draft*1e3:.1f} ms, t_target {stats.t_target*1e3:.1f} ms\n"
+    f"  t_draft {stats.t_draft*1e3:.1f} ms a drafted token, t_target {stats.t_target*1e3:.1f} ms (timed alone)\n"
     f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x")
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -114,6 +114,9 @@ def simulated_auto(costs:dict[int, float], a:float, rounds:int=2000, seed:int=0)
     tokens, seconds, runs[K] = tokens + (1 - a ** (K + 1)) / (1 - a), seconds + costs[K], runs[K] + 1
   return tokens / seconds, runs.most_common(1)[0][0]
 
+def drafted_token_seconds(stats:list) -> float:
+  return sum(s.t_draft * s.drafted for s in stats) / max(1, sum(s.drafted for s in stats))
+
 def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify, t_draft_cold=0.0) -> dict:
   """One line of the table from the baseline's and the speculative run's (seconds, tokens, compiled)."""
   rounds, drafted, accepted = (sum(getattr(s, f) for s in stats) for f in ("rounds", "drafted", "accepted"))
@@ -124,8 +127,8 @@ def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify, t_draft_co
   # the rounds' forward passes alone: k draft steps and a target pass of width k+1 (-K auto and lookup mix the k)
   passes = sum(n * (k * t_draft + t_verify[k]) for k, n in lookaheads.items())
   aware = sp[1] * t_target / passes
-  # a draft step in the rounds (synchronized after the K steps) against the draft's one-token pass timed alone
-  step = sum(s.time_draft for s in stats) / drafted if drafted else None
+  # a drafted token of the rounds' proposals (Stats.t_draft: a proposal timed alone, over K) against the draft's decode
+  step = drafted_token_seconds(stats) if drafted else None
   return dict(T=T, K=K, alpha=accepted / drafted if drafted else 0.0, tokens_per_round=tpr, mean_K=mean_K,
               t_verify=t_verify.get(K), draft_step_over_decode=step / t_draft if step and t_draft else None,
               draft_step_over_cold_decode=step / t_draft_cold if step and t_draft_cold else None,
@@ -149,7 +152,7 @@ def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(
       fn = lambda p, k: speculative_generate(target, draft, p, K, k, sampling, eos=None, verification=rule)
       sp_s, sp_n, stats, compiled = generate_all(fn, prompts, n)
       r = row(K, T, stats, (ar_s, ar_n, ar_compiled), (sp_s, sp_n, compiled), t_target,
-              sum(s.time_draft for s in stats) / max(1, sum(s.drafted for s in stats)) if lookup else t_draft, t_verify,
+              drafted_token_seconds(stats) if lookup else t_draft, t_verify,
               t_draft_cold)
       rows.append(r | dict(rule=rule))
       print(f"  {name} T={T:g} K={K} {rule}: alpha {r['alpha']:.3f}, tokens/round {r['tokens_per_round']:.2f}, measured {r['measured']:.2f}x"

@@ -33,8 +33,9 @@ def test_json_with_compare(capsys):
   assert set(obj) >= {"prompt_tokens", "tokens", "text", "stats", "baseline"}
   assert len(obj["tokens"]) == 12 and obj["tokens"] == obj["baseline"]["tokens"]  # greedy: identical
   for key in ("new_tokens", "rounds", "draft_passes", "drafted", "accepted", "acceptance_rate", "r_prime", "tokens_per_s",
-              "time_draft", "time_verify", "time_other", "t_draft", "t_target", "theoretical_speedup"):
+              "draft_seconds", "t_draft", "t_target", "theoretical_speedup"):
     assert key in obj["stats"], key
+  assert list(obj["stats"]["draft_seconds"]) == ["2"] and obj["stats"]["t_draft"] == obj["stats"]["draft_seconds"]["2"] > 0
 
 @pytest.mark.backend
 def test_plain_generates_what_the_engine_generates(capsys):
