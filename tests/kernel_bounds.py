@@ -2,7 +2,7 @@
 """Compile every kernel of spec's paths afresh and have tinygrad prove each in bounds: CHECK_OOB=1 makes its code
 generator check, with the z3 solver, that every load and store index stays inside its buffer wherever its gate lets it
 run, and fail the compile otherwise. Each compiled kernel's buffer and variable parameters must also fill its argument
-slots 0..n-1, each once.
+slots 0..n-1, each once, and it must take every buffer its call passes.
 
   DEV=CPU python tests/kernel_bounds.py            # tiny random checkpoints, then the shared pair
   DEV=CPU python tests/kernel_bounds.py --tiny     # the tiny ones alone (CI runs them beside the shared pair's --pair)
@@ -11,7 +11,8 @@ slots 0..n-1, each once.
 Both checks guard against tinygrad 0.14 code generator bugs that spec.py works around (README, Tests): a load left
 without its gate read before a 4-element buffer (the CPU backend crashed when that buffer began a mapping), and a
 kernel whose unused buffer parameter was dropped got its variables numbered by count (on the CPU backend a buffer and
-a variable swapped, a crash on every call; on OpenCL an argument missing). Paths: greedy, sampled, top-k, top-p and both;
+a variable swapped, a crash on every call; on OpenCL an argument missing; a kernel that drops its last buffer is
+called with one argument too many, which CUDA rejects). Paths: greedy, sampled, top-k, top-p and both;
 both verification rules; a model draft and prompt lookup, each K given; and the target alone. Both pairs, as the code
 generator's choices depend on the shapes: the ungated load appeared with the tiny checkpoints' 64-token vocabulary,
 not with GPT-2's. Prints the path it runs, so that a crash shows where. Exit 1 on a failure.
@@ -23,16 +24,31 @@ os.environ["CHECK_OOB"] = "1"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+from tinygrad.engine import realize
 from tinygrad.engine.realize import to_program_cache
+from tinygrad.uop.ops import Ops, AddrSpace
 import models, spec
 from conftest import TINY, random_weights, write_checkpoint
 os.environ["SPEC_STEP_CACHE"] = ""   # no step loaded from a store, where it comes with its code generated
 
-def misnumbered(program) -> bool:
-  """Whether a compiled kernel's buffers and variables fail to fill argument slots 0..n-1 once each: OpenCL, which
-  passes arguments by slot, then misses one; the CPU backend, which passes them in order, swaps a buffer and a variable."""
+asts: dict = {}   # every kernel's AST, by its key, as the paths compile them
+def record():
+  lookup = realize._get_call_to_compile
+  def recording(call):
+    found = lookup(call)
+    if found is not None and found[0].op is Ops.SINK: asts.setdefault(found[0].key, found[0])
+    return found
+  realize._get_call_to_compile = recording
+
+def argument_problems(program, ast) -> list[str]:
+  """What is wrong with a compiled kernel's arguments: its buffers and variables must fill slots 0..n-1 once each
+  (OpenCL passes arguments by slot and then misses one; the CPU backend passes them in order and swaps a buffer and a
+  variable), and it must take every buffer its call passes (CUDA rejects a graph node whose arguments the kernel does
+  not declare: 'invalid argument')."""
   slots = sorted([*program.arg.globals, *(v.arg.slot for v in program.arg.vars)])
-  return slots != list(range(len(slots)))
+  passed = sorted({u.arg.slot for u in ast.toposort() if u.op is Ops.PARAM and u.addrspace != AddrSpace.ALU})
+  return ([f"argument slots {slots}"] if slots != list(range(len(slots))) else []) + \
+         ([f"buffers {passed} passed, {list(program.arg.globals)} taken"] if passed != list(program.arg.globals) else [])
 
 def paths(target:models.GPT2, draft:models.GPT2, lookaheads:list[int]):
   """(what, run) for each path: the target alone, then every K x rule x drafter, each in every sampling."""
@@ -55,6 +71,7 @@ def main() -> int:
   ap.add_argument("-K", type=int, nargs="+", default=[1, 2, 3, 4, 8], help="lookaheads to compile (default: 1 2 3 4 8)")
   ap.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="precision of the models")
   args = ap.parse_args()
+  record()
   if args.pair: pairs = [tuple(args.pair)]
   else:
     tiny = write_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "tiny", TINY, random_weights(TINY, seed=1))
@@ -68,10 +85,12 @@ def main() -> int:
       except RuntimeError as e:
         print(f"FAILED: {what}: {str(e).splitlines()[0]}")
         return 1
-      if bad := {p.arg.function_name: (p.arg.globals, [v.arg.slot for v in p.arg.vars]) for p in to_program_cache.values() if misnumbered(p)}:
-        print(f"FAILED: {what}: kernels whose arguments do not fill slots 0..n-1 (buffers', variables'): {bad}")
+      programs = [(p, asts[k[0]]) for k, p in to_program_cache.items() if k[0] in asts]
+      if bad := {p.arg.function_name: why for p, ast in programs if (why := argument_problems(p, ast))}:
+        print(f"FAILED: {what}: kernels whose arguments are wrong: {bad}")
         return 1
-  print(f"{len(to_program_cache)} kernels compiled, every index in bounds, arguments in slots 0..n-1")
+  print(f"{len(to_program_cache)} kernels compiled, every index in bounds; {len(programs)} of them with arguments in "
+        f"slots 0..n-1 and every buffer their call passes taken")
   return 0
 
 if __name__ == "__main__": sys.exit(main())

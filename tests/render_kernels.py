@@ -14,8 +14,10 @@ nvidia-cuda-nvrtc and nvidia-nvjitlink, found through NVRTC_PATH and NVJITLINK_P
 installs them), Metal and AMD's HIP rendered only (their compilers are macOS's and ROCm's). Each launch is checked
 against what those GPUs allow: at most 1024 threads a block (x, y <= 1024, z <= 64), grid y and z <= 65535, at most
 48 KiB of shared memory; and against what keeps one busy: at most 2**19 operations a thread, 2**16 below 32 threads
-(tinygrad's estimate, the context at its longest; tensor-core kernels, tinygrad's own matrix products, exempt). It
-prints the kernel count per target and exits 1 on any render, compile or launch failure. Not collected by pytest.
+(tinygrad's estimate, the context at its longest; tensor-core kernels, tinygrad's own matrix products, exempt); and
+each kernel's arguments as kernel_bounds.py checks them (CUDA rejects a kernel that does not take every buffer its call
+passes). It prints the kernel count per target and exits 1 on any render, compile, launch or argument failure. Not
+collected by pytest.
 """
 import argparse, math, os, pathlib, subprocess, sys, time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -35,7 +37,6 @@ import types
 from tinygrad import Device, dtypes
 from tinygrad.device import Compiler
 from tinygrad.helpers import Target
-from tinygrad.engine import realize
 from tinygrad.codegen import to_program
 from tinygrad.uop.ops import Ops, AddrSpace
 import models, spec
@@ -63,14 +64,7 @@ def targets(ptx:bool) -> dict[str, object]:
   out["AMD gfx1100 (rendered)"] = HIPRenderer(Target("NULL", "HIP", "gfx1100"))
   return out
 
-asts: dict = {}   # every kernel's AST, by its key, as the paths compile them
-def record():
-  lookup = realize._get_call_to_compile
-  def recording(call):
-    found = lookup(call)
-    if found is not None and found[0].op is Ops.SINK: asts.setdefault(found[0].key, found[0])
-    return found
-  realize._get_call_to_compile = recording
+asts, record = kernel_bounds.asts, kernel_bounds.record   # every kernel's AST, by its key, as the paths compile them
 
 def everywhere():
   """The engine's kernels wherever they fit: NULL runs nothing, so its timings choose nothing."""
@@ -134,13 +128,13 @@ def render(shape:str, dtype:str, lookaheads:list[int]) -> int:
     for ast in asts.values():
       try:
         prg = to_program(ast, renderer)
-        bad += [f"{prg.arg.name}: {p}" for p in launch_problems(prg)]
+        bad += [f"{prg.arg.name}: {p}" for p in launch_problems(prg) + kernel_bounds.argument_problems(prg, ast)]
       except Exception as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         bad.append(f"{ast.arg.name if hasattr(ast.arg, 'name') else ast}: {why}")
         if len(bad) == 1: traceback.print_exc()
     print(f"{shape}, {dtype}, {name}: {len(asts) - len(bad)} of {len(asts)} kernels rendered"
-          f"{'' if 'rendered' in name else ' and compiled'}, launches within the limits "
+          f"{'' if 'rendered' in name else ' and compiled'}, launches within the limits, arguments whole "
           f"({time.perf_counter() - t0:.0f} s)",
           flush=True)
     for b in bad[:20]: print(f"  FAILED {b}")

@@ -60,3 +60,29 @@ def test_render_kernels_finds_a_kernel_that_leaves_a_gpu_idle():
   assert out.returncode == 0, out.stderr[-2000:]
   forward, lazy = json.loads(out.stdout.splitlines()[-1])
   assert forward == [] and any("operations a thread" in p for p in lazy), (forward, lazy)
+
+ARGUMENTS = """
+import json
+from tinygrad import Tensor, Device, dtypes
+from tinygrad.codegen import to_program
+import kernel_bounds as kb, spec
+def problems():
+  kb.asts.clear()
+  spec.verify(Tensor.randn(1, 64), None, Tensor([[3]], dtype=dtypes.int32), Tensor([1, 2], dtype=dtypes.uint32), 0, 1.0,
+              0, 1.0, greedy=False, filters=(), rule="block", one_hot=True).realize()
+  return [p for ast in kb.asts.values() for p in kb.argument_problems(to_program(ast, Device[Device.DEFAULT].renderer), ast)]
+kb.record()
+rule = problems()
+spec.block_acceptance = lambda p, q, x, acceptance=spec.block_acceptance: (acceptance(p, q, x)[0], Tensor.ones(x.shape[0] + 1))
+print(json.dumps([rule, problems()]))
+"""
+
+def test_kernel_bounds_finds_a_kernel_that_drops_a_buffer_its_call_passes():
+  """tests/kernel_bounds.py's argument check (render_kernels.py's too) can fail: the block rule with h = Tensor.ones
+  (an earlier form of test_spec's negative control) makes the kernel that draws n, in a one-token verify, drop the buffer it was to read:
+  CUDA rejected its graph node ('invalid argument') on an H100; the rule itself keeps every buffer. On the NULL device."""
+  env = {**os.environ, "DEV": "NULL", "CHECK_OOB": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+  out = subprocess.run([sys.executable, "-c", ARGUMENTS], env=env, capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  rule, ones = json.loads(out.stdout.splitlines()[-1])
+  assert rule == [] and any("passed" in p for p in ones), (rule, ones)

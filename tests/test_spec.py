@@ -284,7 +284,12 @@ def lenient(factor, verification):
   Block (factor 1e9 only): every prefix may stop (h = 1), so the whole block is always kept. Always accepting makes
   the first token p-distributed under either rule, the bias whose detection test_power_of_the_statistical_test measures."""
   if verification == "token": return "acceptance", lambda p, q, x, acceptance=spec.acceptance: (acceptance(p, q, x) * factor).minimum(1)
-  return "block_acceptance", lambda p, q, x, block_acceptance=spec.block_acceptance: (block_acceptance(p, q, x)[0], Tensor.ones(x.shape[0] + 1))
+  def always_stop(p, q, x, block_acceptance=spec.block_acceptance):
+    """h = 1, written as the rule writes h_0 = 1: a Tensor.ones here left a kernel without a buffer its call passes,
+    which CUDA rejects (docs/backends.md, session 34)."""
+    w, h = block_acceptance(p, q, x)
+    return w, (Tensor.arange(x.shape[0] + 1) >= 0).where(1, h)
+  return "block_acceptance", always_stop
 
 def forget_verification(model):  # the next round re-traces verify(), with whatever rule spec has now
   for key in [k for k in model.jits if k[0] == spec.target_verify.__name__]: del model.jits[key]
