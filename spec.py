@@ -348,7 +348,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
     drafted = block.shape[1] - 1                                         # drafted < k: prompt lookup found less
     events = round_events(result, drafted)
-    if auto: auto.update(k, len(events), time.perf_counter() - t0)
+    if auto: auto.update(k, len(events), time.perf_counter() - t0, drafted)
     stats.add_round(drafted, len(events) - 1)
     out.emit(events)
   return out.new, stats.finish(start, len(out.new))
@@ -454,27 +454,40 @@ def time_draft_step(drafter:Drafter, K:int, token:int) -> float:
 LOOKAHEADS = (1, 2, 4, 8)  # the K that -K auto chooses from: each compiled once, during warm-up
 
 class AutoLookahead:
-  """-K auto: before each round the K of LOOKAHEADS with the most tokens per second, from the rounds run with that K:
-  the mean tokens of its last `kept_window` rounds (raised by `optimism` standard errors, so that a K judged on few
-  rounds gets tried again) over the median seconds of its last `cost_window` (the median ignores a stalled round).
+  """-K auto: before each round the K of LOOKAHEADS with the most tokens per second: the tokens a round with K keeps
+  in expectation over the median seconds of its last `cost_window` rounds (the median ignores a stalled round). Where
+  whether the i-th draft is kept does not depend on K (greedy, or the token rule), every round informs every K: the
+  expectation is 1 + sum over j <= K of the product of the rates a_i (i <= j) at which the last `kept_window` rounds
+  that reached draft i kept it. Under block verification at T > 0 it does: the mean tokens of the last `kept_window`
+  rounds with that K, raised by `optimism` standard errors, so that a K judged on few rounds gets tried again.
   Every K first runs 3 rounds, and runs again once the rounds since its last took `explore` times its own round's
-  seconds (at most 1/explore of the time each), so that all K are judged on recent rounds of one kind: what block
-  verification keeps depends on K as a whole, not on a per-token rate, and what a round costs on how the machine runs
-  now. The defaults were chosen on simulated rounds (tests/test_spec.py): within 5% of the best fixed K there."""
-  def __init__(self, kept_window:int=256, cost_window:int=32, explore:int=96, optimism:float=1.0):
+  seconds (at most 1/explore of the time each), so that all K are judged on recent rounds. The defaults were chosen on
+  simulated rounds (tests/test_spec.py): within 5% of the best fixed K there."""
+  def __init__(self, by_position:bool=False, kept_window:int=256, cost_window:int=32, explore:int=96,
+               optimism:float=1.0):
     self.kept = {K: collections.deque(maxlen=kept_window) for K in LOOKAHEADS}
     self.cost = {K: collections.deque(maxlen=cost_window) for K in LOOKAHEADS}
-    self.last_run, self.clock, self.explore, self.optimism = dict.fromkeys(LOOKAHEADS, 0.0), 0.0, explore, optimism
+    self.passed = [collections.deque(maxlen=kept_window) for _ in range(max(LOOKAHEADS))]  # draft i+1 kept, if reached
+    self.last_run, self.clock, self.explore = dict.fromkeys(LOOKAHEADS, 0.0), 0.0, explore
+    self.by_position, self.optimism = by_position, optimism
+  def expected_tokens(self, K:int, optimism:float=0.0) -> float:
+    if not self.by_position:
+      kept = self.kept[K]
+      return statistics.fmean(kept) + optimism * statistics.stdev(kept) / math.sqrt(len(kept))
+    rates = [statistics.fmean(d) if d else 0.0 for d in self.passed[:K]]   # a draft never reached: none kept yet
+    return 1 + sum(math.prod(rates[:j + 1]) for j in range(K))
   def tokens_per_second(self, K:int, optimism:float=0.0) -> float:
-    kept, cost = self.kept[K], statistics.median(self.cost[K])
-    return (statistics.fmean(kept) + optimism * statistics.stdev(kept) / math.sqrt(len(kept))) / cost
+    return self.expected_tokens(K, optimism) / statistics.median(self.cost[K])
   def choose(self) -> int:
     if any(len(self.kept[K]) < 3 for K in LOOKAHEADS): return min(LOOKAHEADS, key=lambda K: len(self.kept[K]))
     due = [K for K in LOOKAHEADS if self.clock - self.last_run[K] >= self.explore * statistics.median(self.cost[K])]
     if due: return min(due, key=self.last_run.get)                                # the longest unseen first
     return max(LOOKAHEADS, key=lambda K: self.tokens_per_second(K, self.optimism))
-  def update(self, K:int, tokens:int, seconds:float):
+  def update(self, K:int, tokens:int, seconds:float, drafted:int|None=None):
+    """A round with lookahead K kept `tokens` (its drafts kept, and one more) of `drafted` drafts (K unless prompt
+    lookup found fewer) in `seconds`."""
     self.kept[K].append(tokens); self.cost[K].append(seconds)
+    for i in range(min(tokens, K if drafted is None else drafted)): self.passed[i].append(i < tokens - 1)
     self.clock += seconds
     self.last_run[K] = self.clock
 
@@ -485,7 +498,8 @@ def auto_lookahead(drafter:Drafter, verifier:Verifier) -> AutoLookahead:
   from what the earlier ones measured instead of spending its first rounds trying every K."""
   draft = None if drafter.model is None else weakref.ref(drafter.model)
   key = (draft, *sorted(verifier.static.items()))
-  return _auto.setdefault(verifier.target, {}).setdefault(key, AutoLookahead())
+  by_position = verifier.static["greedy"] or verifier.static["rule"] == "token"
+  return _auto.setdefault(verifier.target, {}).setdefault(key, AutoLookahead(by_position))
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
