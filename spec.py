@@ -133,17 +133,16 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
   return diff / diff.sum(-1, keepdim=True)
 
 def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *unseen_ids:UOp, K:int,
-            greedy:bool, filters:tuple[str, ...], vocab:int):
+            greedy:bool, filters:tuple[str, ...]):
   """Step 1. unseen_ids: the w tokens the draft has not consumed yet, the last one being x_n, as bound variables (they
-  reach the step without a kernel or copy of their own: token_variables()); start_pos: where they go. The draft scores
-  the first `vocab` token ids only (draft_vocab). Returns the verify input [x_n, x~_1..x~_K] (1, K+1) and the draft
-  distributions p (K, V), V padded (padded()), zero past vocab; greedy: p = None, one-hot on the block, and nothing is
-  drawn."""
-  u = None if greedy else uniform(key, nonce, K, uniforms_per_draw(vocab_width(vocab)))
+  reach the step without a kernel or copy of their own: token_variables()); start_pos: where they go. Returns the verify
+  input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy: p = None, one-hot
+  on the block, and nothing is drawn."""
+  u = None if greedy else uniform(key, nonce, K, uniforms_per_draw(vocab_width(draft.cfg.vocab_size)))
   unseen = token_tensor(unseen_ids)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
-    logits = padded(draft.forward(tokens, pos, vocab)[-1:])                # (1, vocab_width(vocab))
+    logits = padded(draft.forward(tokens, pos)[-1:])
     # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
     if greedy: x = best(logits)[:, 0]
     else:
@@ -154,9 +153,7 @@ def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, to
   # the block flat, then viewed as (1, K+1): device_tokens()'s layout, so greedy model drafts and prompt lookup (both
   # one-hot) share the target's compiled verify step
   block = unseen[0, -1:].cat(*drafted).realize().reshape(1, K + 1)
-  if greedy: return block, None
-  p = Tensor.cat(*ps).pad((None, (0, vocab_width(draft.cfg.vocab_size) - ps[0].shape[-1])))   # zero past vocab
-  return block, p.contiguous().realize()   # a buffer, not a padded view: the verify step's input, whatever the vocab
+  return block, None if greedy else Tensor.cat(*ps).realize()
 
 def token_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
   """Step 3 (Chen et al.): keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)). p, q (K+1, V), drafted, r (K,). Returns n, the
@@ -246,19 +243,13 @@ class Drafter(Protocol):
     """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
   def warm(self, K:int) -> bool: ...               # its compiled steps for K are warm (warm())
 
-# GPT-2's token ids follow its BPE merges, the most frequent pairs first: a draft that scores only the first ids reads a
-# fraction of its lm_head and still proposes what a target mostly keeps (docs/algorithm.md)
-DRAFT_VOCAB = 16384
-
 class ModelDraft:
-  """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`, among the first
-  `vocab` token ids (draft_vocab: 0 or more than the vocabulary is all of it). Its KV cache rolls back by position: it
-  holds the sequence up to what it last fed, and the round kept a prefix of that."""
+  """A draft GPT-2: K steps of x~_t ~ p in one JIT call (propose()), from the random stream `nonce`. Its KV cache rolls
+  back by position: it holds the sequence up to what it last fed, and the round kept a prefix of that."""
   kind = "model"
-  def __init__(self, model:GPT2, sampling:Sampling, key:Tensor, vocab:int=0):
-    V = model.cfg.vocab_size
-    self.model, self.key, self.params = model, key, sampling.tensors(V)
-    self.static, self.one_hot = {**sampling.static, "vocab": min(vocab or V, V)}, sampling.static["greedy"]
+  def __init__(self, model:GPT2, sampling:Sampling, key:Tensor):
+    self.model, self.key, self.params, self.static = model, key, sampling.tensors(model.cfg.vocab_size), sampling.static
+    self.one_hot = sampling.static["greedy"]
   def reset(self, tokens:list[int]):
     self.model.prefill(tokens[:-1])
     self.fed = len(tokens) - 1
@@ -320,16 +311,14 @@ class Verifier:
 
 def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=2,
                          max_new_tokens:int=256, sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT,
-                         on_token=None, verification:str="block",
-                         draft_vocab:int=DRAFT_VOCAB) -> tuple[list[int], Stats]:
+                         on_token=None, verification:str="block") -> tuple[list[int], Stats]:
   """Speculative sampling: the new tokens (distributed exactly as the target's) and the run's Stats. draft: a GPT2 or a
   PromptLookup. K: the lookahead, or "auto" to choose it each round (AutoLookahead). verification: a rule of RULES.
-  draft_vocab: a draft model proposes among the first this many token ids (0: all; DRAFT_VOCAB). on_token(dict) is
-  called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
+  on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
   check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K,
-        verification, seed, draft_vocab)
+        verification, seed)
   key = seed_key(seed)
-  drafter = ModelDraft(draft, sampling, key, draft_vocab) if isinstance(draft, GPT2) else draft
+  drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
   verifier = Verifier(target, sampling, key, verification)
   return generate(drafter, verifier, prompt_tokens, K, max_new_tokens, eos, on_token)
 
@@ -344,8 +333,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
              on_token) -> tuple[list[int], Stats]:
   """The rounds, until max_new_tokens or an EOS. Round r draws from the random streams 2r (draft) and 2r+1 (verify)."""
   tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "",
-                draft_vocab=drafter.static["vocab"] if drafter.model else 0)
+  stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
   auto = prepare(drafter, verifier, K, tokens[0], stats)
   verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
   out = Output(tokens, max_new_tokens, eos, on_token, stats)
@@ -508,7 +496,7 @@ _auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
 def auto_lookahead(drafter:Drafter, verifier:Verifier) -> AutoLookahead:
   """The -K auto estimate for this target, draft and structural choices, kept from run to run: a later run starts
   from what the earlier ones measured instead of spending its first rounds trying every K."""
-  draft = None if drafter.model is None else (weakref.ref(drafter.model), drafter.static["vocab"])
+  draft = None if drafter.model is None else weakref.ref(drafter.model)
   key = (draft, *sorted(verifier.static.items()))
   by_position = verifier.static["greedy"] or verifier.static["rule"] == "token"
   return _auto.setdefault(verifier.target, {}).setdefault(key, AutoLookahead(by_position))
@@ -537,7 +525,6 @@ class Stats:
   K: int | str = 0                # the lookahead asked for: a number, or "auto"; 0 for the baseline
   draft: str = ""                 # "model", "ngram", or "" for the baseline
   verification: str = ""          # "block" or "token" (RULES), "" for the baseline
-  draft_vocab: int = 0            # a draft model proposes among the first this many token ids; 0 without one
   lookaheads: dict = field(default_factory=dict)  # rounds by the number of tokens drafted in them
   sources: dict = field(default_factory=dict)     # emitted tokens by source: accepted / resampled / bonus / target
   draft_passes = property(lambda self: self.drafted if self.draft == "model" else 0)
@@ -566,12 +553,9 @@ class Stats:
     return {**asdict(self), **{k: getattr(self, k) for k in props}}
 
 def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int|str, verification:str="block",
-          seed:int=0, draft_vocab:int=0):
-  """Bad requests fail here, before any work (with no models yet: only K, max_new_tokens, the rule, the seed and the
-  draft's vocabulary)."""
+          seed:int=0):
+  """Bad requests fail here, before any work (with no models yet: only K, max_new_tokens, the rule and the seed)."""
   if not 0 <= seed < 2**64: raise ValueError(f"seed must be in [0, 2**64), got {seed}")   # the threefry key's 64 bits
-  if not (isinstance(draft_vocab, int) and draft_vocab >= 0):
-    raise ValueError(f"draft vocabulary must be >= 0 (0: all), got {draft_vocab}")
   if K != "auto" and not (isinstance(K, int) and K >= 1):
     raise ValueError(f"K (lookahead) must be >= 1 or 'auto', got {K}")
   if verification not in RULES: raise ValueError(f"verification must be {' or '.join(RULES)}, got {verification!r}")
@@ -606,12 +590,11 @@ def summary(stats:Stats) -> str:
        f"{stats.rounds} target passes")
   if not stats.K: return s
   drafts = f"{stats.draft_passes} draft passes" if stats.draft == "model" else "prompt lookup, no draft model"
-  vocab = f", draft vocabulary {stats.draft_vocab}" if stats.draft == "model" else ""
   shown = "" if stats.K != "auto" and stats.draft == "model" else \
     " (rounds by tokens drafted: " + ", ".join(f"{k}: {n}" for k, n in sorted(stats.lookaheads.items())) + ")"
   return s + (f", {drafts}\n"
-    f"  K={stats.K}{shown}, {stats.verification} verification{vocab}: accepted {stats.accepted}/{stats.drafted} "
-    f"drafted (alpha {stats.acceptance_rate:.3f}), {stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
+    f"  K={stats.K}{shown}, {stats.verification} verification: accepted {stats.accepted}/{stats.drafted} drafted "
+    f"(alpha {stats.acceptance_rate:.3f}), {stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
     f"  t_draft {stats.t_draft*1e3:.1f} ms a drafted token, t_target {stats.t_target*1e3:.1f} ms (timed alone)\n"
     f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x")
 
@@ -641,9 +624,6 @@ def parse_args(argv=None):
   ap.add_argument("-K", "--lookahead", type=lookahead, default=2, help="tokens the draft proposes per round; 'auto' "
                   f"chooses from {', '.join(map(str, LOOKAHEADS))} each round: the most tokens per second in the "
                   "recent rounds run with each K")
-  ap.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, metavar="N", help="a draft model proposes among "
-                  "the first N token ids only (GPT-2's ids follow its BPE merges, the most frequent first) and reads N "
-                  "rows of its lm_head; 0: all. Exact either way: the target's residual covers the rest")
   ap.add_argument("--verify", choices=list(RULES), default="block", help="block: judge the drafted block as a whole "
                   "(Sun et al. 2025), never fewer tokens per round in expectation; token: token by token (Chen et al. "
                   "2023). Both keep the target's distribution exactly")
@@ -693,7 +673,7 @@ def main(argv=None) -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     if args.search < 0: raise ValueError(f"search must be >= 0, got {args.search}")
     if args.plain and args.search: raise ValueError("--search is the engine's kernel search: drop --plain to use it")
-    check([], [], args.max_new_tokens, args.lookahead, seed=args.seed, draft_vocab=args.draft_vocab)
+    check([], [], args.max_new_tokens, args.lookahead, seed=args.seed)
     prompt = read_prompt(args.prompt_file) if args.prompt_file else args.prompt
     if args.trace:   # opened before the models load, so that a bad path fails at once; appending, so that a start
       new_trace, trace = not os.path.exists(args.trace), open(args.trace, "a")   # that fails later leaves it as it was
@@ -727,8 +707,7 @@ def main(argv=None) -> int:
     printer = Printer(enc, color, f"{'-'*20} {name} {'-'*20}\n{prompt}")
     if name == "baseline": results[name] = autoregressive_generate(target, prompt_tokens, **common, on_token=on_token)
     else: results[name] = speculative_generate(target, draft, prompt_tokens, args.lookahead, **common,
-                                               on_token=on_token, verification=args.verify,
-                                               draft_vocab=args.draft_vocab)
+                                               on_token=on_token, verification=args.verify)
     if stream: print(f"\n{'-'*20} {name}: {summary(results[name][1])}\n")
   if trace: trace.close()
   tokens, stats = results["speculative"]

@@ -101,13 +101,11 @@ class GPT2:
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)    # the JIT's symbolic start position
     self.jits: dict[tuple, TinyJit] = {}                                   # this instance's own (jit())
 
-  def forward(self, tokens:Tensor, start_pos:int|UOp, vocab:int|None=None) -> Tensor:
-    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each, over
-    the first vocab token ids (default: all of them)."""
-    V = vocab or self.cfg.vocab_size
+  def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
+    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
     # materialized: a reduction over the logits (greedy's argmax) would otherwise compute the lm_head inside its own
     # kernel, one that a GPU runs on a few hundred threads
-    return self.lm_head(self.ln_f(self.blocks(tokens, start_pos))[0], rows=vocab_width(V)).contiguous()[:, :V]
+    return self.lm_head(self.ln_f(self.blocks(tokens, start_pos))[0]).contiguous()[:, :self.cfg.vocab_size]
 
   def blocks(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """The embeddings through every block, filling the KV cache: (1, T, C)."""
@@ -118,10 +116,9 @@ class GPT2:
     for block in self.h: x = block(x, start_pos)
     return x
 
-  def lm_head(self, x:Tensor, rows:int|None=None) -> Tensor:
-    """x (T, C) -> float32 logits (T, rows) for the first rows token ids (default: all padded_vocab): the output layer,
-    tied to wte, accumulated in float32."""
-    return x.matmul(self.wte.weight[:rows].T, dtype=dtypes.float32)
+  def lm_head(self, x:Tensor) -> Tensor:
+    """x (T, C) -> float32 logits (T, padded_vocab): the output layer, tied to wte, accumulated in float32."""
+    return x.matmul(self.wte.weight.T, dtype=dtypes.float32)
 
   def fill(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """A prefill pass: the KV cache filled at tokens' positions, no logits."""

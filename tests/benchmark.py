@@ -68,20 +68,20 @@ def bandwidth(nbytes:int=1 << 30, reps:int=5) -> dict[str, float]:
     measured[name] = nbytes / float(out.stdout)
   return measured
 
-def forward_pass(model:models.GPT2, width:int, pos:int=100, vocab:int|None=None):
+def forward_pass(model:models.GPT2, width:int, pos:int=100):
   """A call of one JIT-compiled forward pass of `width` tokens after a KV cache of pos (a one-token decode for width 1),
   warm: the model's step itself, as the rounds call it, not GPT2.__call__, whose copy of its input tokens is scheduled
-  anew on every call (1.7 ms on the shared pair's target). vocab: logits over the first vocab ids (a draft's)."""
+  anew on every call (1.7 ms on the shared pair's target)."""
   x = Tensor([[models.EOT] * width], dtype=dtypes.int32).realize()
-  step = model.jit(models.GPT2.forward, width, **({"vocab": vocab} if vocab else {}))
+  step = model.jit(models.GPT2.forward, width)
   run = lambda: step(model, x, model.positions.bind(pos))
   for _ in range(3): run()
   return run
 
-def forward_time(model:models.GPT2, width:int, reps:int=5, before=None, vocab:int|None=None) -> float:
+def forward_time(model:models.GPT2, width:int, reps:int=5, before=None) -> float:
   """The fastest of reps forward passes (forward_pass()); before: run ahead of each, untimed (the target's pass, which
   evicts a small draft's weights from the caches as in a round)."""
-  run, times = forward_pass(model, width, vocab=vocab), []
+  run, times = forward_pass(model, width), []
   for _ in range(reps):
     if before: before()
     times.append(best_seconds(run, 1))
@@ -138,33 +138,28 @@ def row(K, T, stats, ar:tuple, sp:tuple, t_target, t_draft, t_verify, t_draft_co
 
 def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(0.0, 1.0), Ks=KS + ("auto",)) -> dict:
   """draft: a GPT2, or PromptLookup() (then t_draft is the host lookup, measured in the runs). Both verification rules
-  at T > 0; at T = 0 they keep the same tokens in the same rounds, so only the default (block) runs. A draft model
-  proposes among its first spec.DRAFT_VOCAB ids (spec.py's default; t_draft is that decode), and K 2 under the block
-  rule runs once more over all ids (--draft-vocab 0; t_draft_all)."""
-  lookup, vocab = isinstance(draft, spec.PromptLookup), spec.DRAFT_VOCAB
-  t_target = forward_time(target, 1, reps)
-  t_draft, t_draft_all = (0.0, 0.0) if lookup else (forward_time(draft, 1, reps, vocab=v) for v in (vocab, None))
+  at T > 0; at T = 0 they keep the same tokens in the same rounds, so only the default (block) runs."""
+  lookup = isinstance(draft, spec.PromptLookup)
+  t_target, t_draft = forward_time(target, 1, reps), 0.0 if lookup else forward_time(draft, 1, reps)
   # the draft's decode as a round's first step runs it: after the target's pass
-  t_draft_cold = 0.0 if lookup else forward_time(draft, 1, reps, before=forward_pass(target, 1), vocab=vocab)
+  t_draft_cold = 0.0 if lookup else forward_time(draft, 1, reps, before=forward_pass(target, 1))
   t_verify = {0: t_target, **{K: forward_time(target, K + 1, reps) for K in spec.LOOKAHEADS}}  # keyed by K: width K+1
   rows = []
   for T in temperatures:
     sampling = Sampling(T)
     ar_s, ar_n, _, ar_compiled = generate_all(lambda p, k: autoregressive_generate(target, p, k, sampling, eos=None), prompts, n)
-    runs = [(K, rule, vocab) for K in Ks for rule in (spec.RULES if T > 0 else ["block"])]
-    for K, rule, ids in runs + ([] if lookup else [(2, "block", 0)]):
-      fn = lambda p, k: speculative_generate(target, draft, p, K, k, sampling, eos=None, verification=rule, draft_vocab=ids)
+    for K, rule in [(K, rule) for K in Ks for rule in (spec.RULES if T > 0 else ["block"])]:
+      fn = lambda p, k: speculative_generate(target, draft, p, K, k, sampling, eos=None, verification=rule)
       sp_s, sp_n, stats, compiled = generate_all(fn, prompts, n)
       r = row(K, T, stats, (ar_s, ar_n, ar_compiled), (sp_s, sp_n, compiled), t_target,
-              drafted_token_seconds(stats) if lookup else t_draft if ids else t_draft_all, t_verify,
-              t_draft_cold if ids else 0.0)
-      rows.append(r | dict(rule=rule, draft_vocab=0 if lookup else ids))
+              drafted_token_seconds(stats) if lookup else t_draft, t_verify,
+              t_draft_cold)
+      rows.append(r | dict(rule=rule))
       print(f"  {name} T={T:g} K={K} {rule}: alpha {r['alpha']:.3f}, tokens/round {r['tokens_per_round']:.2f}, measured {r['measured']:.2f}x"
             + f", overhead-aware {r['overhead_aware']:.2f}x, efficiency {r['efficiency']:.2f}"
             + f", loop efficiency {r['loop_efficiency']:.2f}"
             + (f", rounds by K {r['lookaheads']}" if K == "auto" or lookup else ""), file=sys.stderr, flush=True)
-  return dict(pair=name, t_target=t_target, t_draft=t_draft, t_draft_all=t_draft_all, t_draft_cold=t_draft_cold,
-              draft_vocab=0 if lookup else vocab, t_verify=t_verify, rows=rows)
+  return dict(pair=name, t_target=t_target, t_draft=t_draft, t_draft_cold=t_draft_cold, t_verify=t_verify, rows=rows)
 
 def paired_rounds(target, draft, prompts, K:int, T:float, seeds:int) -> dict:
   """Tokens emitted by a first round under each verification rule, paired: the same prompt and seed give both rules
@@ -184,15 +179,13 @@ def paired_rounds(target, draft, prompts, K:int, T:float, seeds:int) -> dict:
 def table(result:dict) -> str:
   f = lambda v, fmt: "-" if v is None else format(v, fmt)
   cold = f", {result['t_draft_cold']*1e3:.1f} ms after a target pass" if result["t_draft_cold"] else ""
-  ids = f" over its first {result['draft_vocab']} ids ({result['t_draft_all']*1e3:.1f} ms over all)" if result["draft_vocab"] else ""
-  lines = [f"### {result['pair']}: t_target {result['t_target']*1e3:.1f} ms, t_draft {result['t_draft']*1e3:.1f} ms{ids}{cold} "
+  lines = [f"### {result['pair']}: t_target {result['t_target']*1e3:.1f} ms, t_draft {result['t_draft']*1e3:.1f} ms{cold} "
            f"(t_draft/t_target {result['t_draft']/result['t_target']:.3f})", "",
            "| T | K | verify | t_verify(K+1) ms | alpha | tokens/round | AR s | spec s | measured | theoretical | overhead-aware | efficiency | loop efficiency | draft step/t_draft | draft step/after target | AR/t_target | compiled |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     K = r["K"] if r["K"] != "auto" and not r["lookaheads"].get(0) else \
       f"{r['K']} ({', '.join(f'{k}:{n}' for k, n in sorted(r['lookaheads'].items()))})"
-    if result["draft_vocab"] and not r["draft_vocab"]: K = f"{K}, all ids"
     lines.append(f"| {r['T']:g} | {K} | {r['rule']} | {f(r['t_verify'] and r['t_verify']*1e3, '.1f')} | {r['alpha']:.3f} | {r['tokens_per_round']:.2f} | "
                  f"{r['ar_seconds']:.2f} | {r['spec_seconds']:.2f} | {r['measured']:.2f}x | {r['theoretical']:.2f}x | "
                  f"{r['overhead_aware']:.2f}x | {r['efficiency']:.2f} | {r['loop_efficiency']:.2f} | "
@@ -270,8 +263,7 @@ def main():
           f"({target_dtype} weights {tw/1e9:.2f} GB / {bw/1e9:.1f} GB/s = {floor*1e3:.0f} ms); autoregressive per token incl. "
           f"sampling: {', '.join(f'T={T:g} {v:.2f}x' for T, v in x['ar_over_floor'].items())}")
     print("gpt2-xl passes of K+1 tokens / its decode: " + ", ".join(f"{k+1}: {xl['t_verify'][k]/xl['t_target']:.2f}x" for k in spec.LOOKAHEADS)
-          + f"; gpt2 decode {xl['t_draft_all']*1e3:.1f} ms = {xl['t_draft_all']/(dw/bw):.2f}x its floor ({dw/1e9:.2f} GB), "
-          f"{xl['t_draft']*1e3:.1f} ms over its first {xl['draft_vocab']} ids")
+          + f"; gpt2 decode {xl['t_draft']*1e3:.1f} ms = {xl['t_draft']/(dw/bw):.2f}x its floor ({dw/1e9:.2f} GB)")
     print(f"one core's floor (numpy BLAS, 1 thread): gpt2-xl {x['single_core_floor']*1e3:.0f} ms, decode = "
           f"{xl['t_target']/x['single_core_floor']:.2f}x it (tinygrad's CPU backend runs a process's kernels on one core)")
     print(f"peak resident memory {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/(mem['weight_bytes']+mem['kv_bytes']):.2f}x "

@@ -21,7 +21,7 @@ def test_help_explains_every_flag():
   assert out.returncode == 0
   for flag in ("--plain", "--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
-               "--ngram-max", "--ngram-min", "--dtype", "--verify", "--search", "--draft-vocab", "auto"):
+               "--ngram-max", "--ngram-min", "--dtype", "--verify", "--search", "auto"):
     assert flag in out.stdout
   assert "default: gpt2-xl" in out.stdout and "(default: 2)" in out.stdout and "default: block" in out.stdout
 
@@ -107,7 +107,6 @@ def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
   (["--dtype", "bfloat16"], "argument --dtype: invalid choice: 'bfloat16'"),
   (["--verify", "tree"], "argument --verify: invalid choice: 'tree'"),
   (["--search", "-1"], "search must be >= 0"),
-  (["--draft-vocab", "-1"], "draft vocabulary must be >= 0 (0: all)"),
   (["--plain", "--search", "1"], "--search is the engine's kernel search: drop --plain to use it"),
 ])
 def test_bad_input_one_line_exit_2(args, words, capsys):

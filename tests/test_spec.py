@@ -13,14 +13,13 @@ from conftest import PROMPTS, TINY, chi2_sf, load, random_weights, tolerance, wr
 # ***** greedy: token for token the target's greedy output *****
 
 _baselines: dict = {}
-def assert_greedy_identical(target, draft, prompt, K, n=200, verification="block", draft_vocab=spec.DRAFT_VOCAB):
+def assert_greedy_identical(target, draft, prompt, K, n=200, verification="block"):
   """float32: token for token. float16: the same, except that the first divergence may fall where the target's logits
   of the two tokens are within the dtype's tolerance of each other (a K+1-row pass and a decode round differently)."""
   key = (id(target), tuple(prompt), n)
   if key not in _baselines: _baselines[key] = autoregressive_generate(target, prompt, n, eos=None)[0]
   base = _baselines[key]
-  got, stats = speculative_generate(target, draft, prompt, K, n, eos=None, verification=verification,
-                                    draft_vocab=draft_vocab)
+  got, stats = speculative_generate(target, draft, prompt, K, n, eos=None, verification=verification)
   if got != base:
     i = next(i for i, (a, b) in enumerate(zip(got, base)) if a != b)
     logits = target.forward(Tensor([prompt + base[:i]]), 0)[-1].numpy()
@@ -51,24 +50,6 @@ def test_greedy_identity_tiny(tiny, K, verification):
   alphas = [assert_greedy_identical(tiny["target"], tiny[d], prompt, K, verification=verification).acceptance_rate
             for d in ("draft", "other") for prompt in ([5, 9, 2], [40, 41, 42, 43])]
   assert max(alphas) > 0 and min(alphas) < 0.95, alphas   # the drafts agree sometimes and disagree often
-
-@pytest.mark.backend
-@pytest.mark.parametrize("T", [0.0, 1.0])
-def test_a_draft_vocabulary_proposes_only_its_ids(tiny, T):
-  """draft_vocab 24 of 64: the draft proposes only ids below 24, and p is its distribution over them (zero past them,
-  on the first step the full draft's renormalized); the target's residual covers the rest (test_exact enumerates the
-  rule with such a p), and greedy rounds still give the target's own path."""
-  for nonce in range(6):
-    drafters = [spec.ModelDraft(tiny["draft"], Sampling(T), spec.seed_key(nonce), vocab) for vocab in (24, 0)]
-    for d in drafters: d.reset([5, 6])
-    (block, p), (_, p_all) = (d.propose([5, 6], 4, nonce) for d in drafters)
-    assert (block.numpy()[0, 1:] < 24).all()
-    if T == 0: continue
-    p, first = p.numpy(), p_all.numpy()[0, :24]
-    assert p.shape == (4, 64) and (p[:, 24:] == 0).all() and np.allclose(p.sum(-1), 1, atol=1e-5)
-    np.testing.assert_allclose(p[0, :24], first / first.sum(), rtol=1e-4, atol=1e-7)
-  for prompt in ([5, 9, 2], [40, 41, 42, 43]):
-    for K in (1, 4): assert_greedy_identical(tiny["target"], tiny["draft"], prompt, K, draft_vocab=24)
 
 def test_tiny_greedy_paths_vary(tiny):
   paths = {tuple(autoregressive_generate(tiny["target"], p, 30, eos=None)[0]) for p in ([5, 9, 2], [17], [40, 41, 42, 43])}
@@ -278,11 +259,10 @@ def homogeneity_p(a:list, b:list) -> float:
 def first_tokens(fn, n:int) -> list[tuple]: return [tuple(fn(seed)[0]) for seed in range(n)]
 
 _target_samples: dict = {}
-def same_distribution(docs_target, docs_draft, prompt, sampling, n, K=2, verification="block",
-                      draft_vocab=spec.DRAFT_VOCAB) -> float:
+def same_distribution(docs_target, docs_draft, prompt, sampling, n, K=2, verification="block") -> float:
   """The smallest p-value over the three positions, Bonferroni-corrected."""
   spec_ = first_tokens(lambda s: speculative_generate(docs_target, docs_draft, prompt, K, 3, sampling, 10_000 + s, eos=None,
-                                                      verification=verification, draft_vocab=draft_vocab), n)
+                                                      verification=verification), n)
   key = (id(docs_target), tuple(prompt), sampling, n)     # the target alone: the same samples for every test that asks
   if key not in _target_samples:
     _target_samples[key] = first_tokens(lambda s: autoregressive_generate(docs_target, prompt, 3, sampling, s, eos=None), n)
@@ -292,16 +272,12 @@ def same_distribution(docs_target, docs_draft, prompt, sampling, n, K=2, verific
 # The prompt makes the first token uncertain (~10 likely tokens), so a biased sampler shows within a few hundred draws.
 STAT_PROMPT = "The"
 
-# draft_vocab: the default (DRAFT_VOCAB), all ids, and 300, below most of the tokens likely after STAT_PROMPT
-@pytest.mark.parametrize("sampling,verification,draft_vocab", [
-  pytest.param(Sampling(1.0), "block", spec.DRAFT_VOCAB, marks=pytest.mark.backend),
-  pytest.param(Sampling(1.0), "token", spec.DRAFT_VOCAB, marks=pytest.mark.backend),
-  (Sampling(0.7, top_k=50, top_p=0.9), "block", spec.DRAFT_VOCAB), (Sampling(1.0), "block", 0),
-  pytest.param(Sampling(1.0), "token", 300, marks=pytest.mark.backend)],
-  ids=["T1-block", "T1-token", "T0.7-topk-topp-block", "T1-block-all-ids", "T1-token-300-ids"])
-def test_statistically_the_target_distribution(docs_target, docs_draft, enc, sampling, verification, draft_vocab):
-  assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), sampling, 120, verification=verification,
-                           draft_vocab=draft_vocab) > 1e-3
+@pytest.mark.parametrize("sampling,verification", [pytest.param(Sampling(1.0), "block", marks=pytest.mark.backend),
+                                                    pytest.param(Sampling(1.0), "token", marks=pytest.mark.backend),
+                                                    (Sampling(0.7, top_k=50, top_p=0.9), "block")],
+                         ids=["T1-block", "T1-token", "T0.7-topk-topp-block"])
+def test_statistically_the_target_distribution(docs_target, docs_draft, enc, sampling, verification):
+  assert same_distribution(docs_target, docs_draft, enc.encode(STAT_PROMPT), sampling, 120, verification=verification) > 1e-3
 
 def lenient(factor, verification):
   """Negative controls. Token: acceptance min(1, factor q/p), i.e. r ~ U[0, 1/factor] (the seed's 'dumbed down' sampler).

@@ -78,7 +78,7 @@ def run_step(model, kind:str, key):
     drafter = spec.ModelDraft(model, sampling, key)
     drafter.fed = 4
     block, p = drafter.propose([5, 6, 7, 8, 9], 3, nonce=4)
-    return [block.numpy()] + ([] if p is None else [p.numpy()]), model.jit(spec.propose, 1, K=3, **drafter.static)
+    return [block.numpy()] + ([] if p is None else [p.numpy()]), model.jit(spec.propose, 1, K=3, **sampling.static)
   verifier = spec.Verifier(model, sampling, key, "token" if what == "token" else "block")
   one_hot = what == "token" or sampling.temperature == 0
   p = None if one_hot else spec.warp(spec.padded(model.forward(spec.device_tokens([9, 10, 11]), 4)), *sampling.tensors(64),

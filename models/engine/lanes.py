@@ -21,7 +21,7 @@ def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   return x.matmul(w.T, dtype=dtype)
 
 def lanes_kernel(out:UOp, x:UOp, w:UOp) -> UOp:
-  """out[t, n, l] = sum_g x[t, g*LANES + l] * w[n, g*LANES + l], float32; x (T, C), w (>= N, C), out (T, N, LANES). Rows
+  """out[t, n, l] = sum_g x[t, g*LANES + l] * w[n, g*LANES + l], float32; x (T, C), w (N, C), out (T, N, LANES). Rows
   come in chunks (rows()). The options are fixed: OUTPUTS outputs and GROUPS groups at a time."""
   (T, N, _), G = out.shape, x.shape[1] // LANES
   chunk = rows(T)
@@ -37,14 +37,13 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp) -> UOp:
 def rows(T:int) -> int: return max(c for c in range(1, 9) if T % c == 0)   # a chunk: the most rows up to 8 dividing T
 def fits(N:int, C:int) -> bool: return N % OUTPUTS == 0 and C % (GROUPS * LANES) == 0
 
-def linear(x:Tensor, w:Tensor, dtype=None, lanes:bool|None=None, rows:int|None=None) -> Tensor:
-  """formula(x, w[:rows], dtype) (rows: w's first rows only, default all), by the lanes kernel or tinygrad's matmul;
-  lanes None: as choose() measured for all of w (else the matmul)."""
+def linear(x:Tensor, w:Tensor, dtype=None, lanes:bool|None=None) -> Tensor:
+  """formula(x, w, dtype), by the lanes kernel or tinygrad's matmul; lanes None: as choose() measured (else the
+  matmul)."""
   *B, C = x.shape
-  T, N = math.prod(B), rows or w.shape[0]
-  if lanes is None: lanes = use_lanes.get((T, w.shape[0], C, x.dtype, w.dtype), False)
-  if not (lanes and fits(N, C)): return formula(x, w[:N], dtype)
-  # w whole: the kernel reads its first N rows (a view of them would be copied first)
+  T, N = math.prod(B), w.shape[0]
+  if lanes is None: lanes = use_lanes.get((T, N, C, x.dtype, w.dtype), False)
+  if not lanes: return formula(x, w, dtype)
   out = Tensor.empty(T, N, LANES, dtype=dtypes.float32, device=x.device)
   part = out.custom_kernel(x.reshape(T, C), w, fxn=lanes_kernel)[0]
   # the lanes summed outside, fused with what follows (bias, GELU, residual): inside, compilers kept them on the stack
