@@ -458,8 +458,9 @@ class AutoLookahead:
   in expectation over the median seconds of its last `cost_window` rounds (the median ignores a stalled round). Where
   whether the i-th draft is kept does not depend on K (greedy, or the token rule), every round informs every K: the
   expectation is 1 + sum over j <= K of the product of the rates a_i (i <= j) at which the last `kept_window` rounds
-  that reached draft i kept it. Under block verification at T > 0 it does: the mean tokens of the last `kept_window`
-  rounds with that K, raised by `optimism` standard errors, so that a K judged on few rounds gets tried again.
+  that reached draft i kept it. Under block verification at T > 0 it does depend on K: the mean tokens of the last
+  `kept_window` rounds with that K, raised by `optimism` standard errors (this estimate only), so that a K judged on
+  few rounds gets tried again.
   Every K first runs 3 rounds, and runs again once the rounds since its last took `explore` times its own round's
   seconds (at most 1/explore of the time each), so that all K are judged on recent rounds. The defaults were chosen on
   simulated rounds (tests/test_spec.py): within 5% of the best fixed K there."""

@@ -79,8 +79,9 @@ print(json.dumps([rule, problems()]))
 
 def test_kernel_bounds_finds_a_kernel_that_drops_a_buffer_its_call_passes():
   """tests/kernel_bounds.py's argument check (render_kernels.py's too) can fail: the block rule with h = Tensor.ones
-  (an earlier form of test_spec's negative control) makes the kernel that draws n, in a one-token verify, drop the buffer it was to read:
-  CUDA rejected its graph node ('invalid argument') on an H100; the rule itself keeps every buffer. On the NULL device."""
+  (an earlier form of test_spec's negative control) makes the kernel that draws n, in a one-token verify, drop the
+  buffer it was to read: CUDA rejected its graph node ('invalid argument') on an H100; the rule itself keeps every
+  buffer. On the NULL device."""
   env = {**os.environ, "DEV": "NULL", "CHECK_OOB": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
   out = subprocess.run([sys.executable, "-c", ARGUMENTS], env=env, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
