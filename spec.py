@@ -96,9 +96,14 @@ def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
   return (bits >= lohi[:, :1]).float()
 
 def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
-  """U(0, 1) draws from stream `nonce` of the run's threefry key; never exactly 0 or 1."""
+  """U(0, 1) draws from stream `nonce` of the run's threefry key."""
   counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
-  return (((Tensor.random_bits(key, counter, math.prod(shape)) >> 8).float() + 0.5) * 2**-24).reshape(*shape)
+  return unit_interval(Tensor.random_bits(key, counter, math.prod(shape))).reshape(*shape)
+
+def unit_interval(bits:Tensor) -> Tensor:
+  """uint32 random bits -> (i + 1/2) / 2^23, i their top 23 bits: each value exact in float32 and strictly inside (0, 1)
+  (from 24 bits the last, (2^24 - 1/2) / 2^24, would round to 1.0)."""
+  return ((bits >> 9).float() + 0.5) * 2**-23
 
 BLOCK = 64  # sample() draws a block of this many tokens, then a token of it
 
@@ -117,20 +122,28 @@ def sample(probs:Tensor, u:Tensor) -> Tensor:
   blocks = probs.reshape(-1, V).pad(((0, 0), (0, B * BLOCK - V))).reshape(-1, B, BLOCK)
   u = u.reshape(blocks.shape[0], -1)
   # (N, B), materialized: fused into the race below, a GPU would sum every block and take every log on one thread
-  weights = (blocks.sum(-1) / -u[:, :B].log()).contiguous()
-  block = best(weights).contiguous()                                              # (N, 1), read by the second race
+  keys = race(blocks.sum(-1), u[:, :B]).contiguous()
+  block = best(keys).contiguous()                                                 # (N, 1), read by the second race
   chosen = (Tensor.arange(B) == block).unsqueeze(-1).where(blocks, 0).sum(1)     # (N, BLOCK): its probabilities
-  return (block * BLOCK + best(chosen / -u[:, B:].log())).reshape(rows).contiguous()
+  return (block * BLOCK + best(race(chosen, u[:, B:]))).reshape(rows).contiguous()
 
-def acceptance(p:Tensor, q:Tensor, x:Tensor) -> Tensor:
-  """min(1, q(x)/p(x)) for each drafted x (K,): the probability that the target keeps it. p, q: (K, V)."""
-  px, qx = p.gather(-1, x.unsqueeze(-1)).squeeze(-1), q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
-  return (qx / px).minimum(1)
+def race(weights:Tensor, u:Tensor) -> Tensor:
+  """An exponential race's keys, weight / E with E = -log u ~ Exp(1): the largest is each one's with probability
+  weight / sum. No NaN whatever the device's log and NaN: E is at least 2^-126 (a log may round u near 1 to 0), and a
+  zero weight gets -1, below every other key, where 0 / 0 would be a NaN that best() ranks first if its sign is +."""
+  return (weights > 0).where(weights / (-u.log()).maximum(2**-126), -1)
+
+def acceptance(p:Tensor, q:Tensor, x:Tensor) -> tuple[Tensor, Tensor]:
+  """min(1, q(x)/p(x)) for each drafted x (K,), the probability that the target keeps it, as the fraction (q(x), p(x)):
+  the rule tests r p(x) < q(x), never a quotient (q / p rounds below 1 where q = p on some devices). p, q: (K, V)."""
+  return q.gather(-1, x.unsqueeze(-1)).squeeze(-1), p.gather(-1, x.unsqueeze(-1)).squeeze(-1)
 
 def residual(p:Tensor, q:Tensor) -> Tensor:
-  """norm(max(0, q - p)) per row: where to draw from after a rejection. With p = 0 it is q: the bonus token."""
+  """norm(max(0, q - p)) per row: where to draw from after a rejection. With p = 0 it is q: the bonus token. A row of no
+  mass (q <= p everywhere, reached only by float32's rounding: the exact rule never stops there) draws from q itself."""
   diff = (q - p).relu()
-  return diff / diff.sum(-1, keepdim=True)
+  mass = diff.sum(-1, keepdim=True)
+  return (mass > 0).where(diff / mass, q / q.sum(-1, keepdim=True))
 
 def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *unseen_ids:UOp, K:int,
             greedy:bool, filters:tuple[str, ...]):
@@ -159,29 +172,33 @@ def token_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Te
   """Step 3 (Chen et al.): keep x~_t while r_t < min(1, q(x~_t)/p(x~_t)). p, q (K+1, V), drafted, r (K,). Returns n, the
   number kept, and the distribution of the next token, norm(max(0, q_n - p_n))."""
   K = drafted.shape[0]
-  kept = r < acceptance(p[:K], q[:K], drafted)
+  qx, px = acceptance(p[:K], q[:K], drafted)
+  kept = r * px < qx                                                        # r < q(x~)/p(x~), multiplied out
   n = kept.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min().contiguous()   # the first rejection, K if none
   return n, residual(p, q)[n]
 
-def block_acceptance(p:Tensor, q:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor]:
+def block_acceptance(p:Tensor, q:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """Sun et al. 2025, Alg. 2: the prefix x~_1..x~_i is judged as a whole by w_i = min(1, w_i-1 q(x~_i)/p(x~_i)), w_0 =
   1, and the round may stop after it with probability h_i = m_i / (m_i + 1 - w_i), m_i = sum max(0, w_i q_i+1 - p_i+1)
-  the residual mass left there (h_0 = 1; h_K = w_K, as p_K+1 = 0). Returns w, h (K+1,)."""
+  the residual mass left there (h_0 = 1; h_K = w_K, as p_K+1 = 0; h_i = 0 where m_i = 0: go on). Returns w (K+1,) and
+  h as odds, m : 1 - w: the rule tests r (1 - w) < m (1 - r), neither a quotient nor a sum, so h is 1 where w is (m + 1
+  - w rounds m to float32's grid near 1, below r); 1 - w and 1 - r are exact there. h_0 = 1 is 1 : 0."""
   K = drafted.shape[0]
-  ratio = q[Tensor.arange(K), drafted] / p[Tensor.arange(K), drafted]
+  qx, px = (t[Tensor.arange(K), drafted] for t in (q, p))
   w = [Tensor.ones(1, dtype=q.dtype)]
-  for t in range(K): w.append((w[-1] * ratio[t:t+1]).minimum(1))
+  for t in range(K): w.append((w[-1] * qx[t:t+1] >= px[t:t+1]).where(1, w[-1] * qx[t:t+1] / px[t:t+1]))  # 1 exactly
   w = Tensor.cat(*w).contiguous()   # materialized: around a tinygrad 0.14 code generator bug (docs/tests.md)
   m = (w.unsqueeze(-1) * q - p).relu().sum(-1)
-  h = (m > 0).where(m / (m + 1 - w), 0)                                     # 0/0 only where w_i = 1, m_i = 0: go on
-  return w, (Tensor.arange(K + 1) == 0).where(1, h)
+  first = Tensor.arange(K + 1) == 0
+  return w, first.where(1, m), first.where(0, 1 - w)
 
 def block_verification(p:Tensor, q:Tensor, drafted:Tensor, r:Tensor) -> tuple[Tensor, Tensor]:
-  """Step 3 by blocks: n is the largest i with r_i <= h_i (i >= 1; else 0), the next token is drawn from norm(max(0, w_n
+  """Step 3 by blocks: n is the largest i with r_i < h_i (i >= 1; else 0), the next token is drawn from norm(max(0, w_n
   q_n+1 - p_n+1)). Same arguments and result as token_verification; never fewer tokens in expectation."""
-  w, h = block_acceptance(p, q, drafted)
-  stops = r.cast(h.dtype).pad(((1, 0),)) <= h                               # r_0 = 0: stopping at 0 is always allowed
-  n = stops.where(Tensor.arange(h.shape[0]), 0).max().contiguous()
+  w, m, slack = block_acceptance(p, q, drafted)
+  r = r.cast(m.dtype).pad(((1, 0),))                                        # r_0 = 0: stopping at 0 is always allowed
+  stops = r * slack < m * (1 - r)                                           # r_i < h_i, as odds
+  n = stops.where(Tensor.arange(w.shape[0]), 0).max().contiguous()
   return n, residual(p, w.unsqueeze(-1) * q)[n]
 
 RULES = {"block": block_verification, "token": token_verification}

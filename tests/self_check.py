@@ -78,15 +78,28 @@ def block_distribution(p, q, K:int, V:int, rule:str, dtype) -> dict[tuple, float
     if prob == 0: continue
     dev, drafted = (lambda a: Tensor(a.astype(np.float64), dtype=dtype)), Tensor(list(path), dtype=dtypes.int32)
     if rule == "token":
-      a = spec.acceptance(dev(P[:K]), dev(Q[:K]), drafted).numpy().astype(np.float64)
+      a = probability(*spec.acceptance(dev(P[:K]), dev(Q[:K]), drafted))
       stop, res = np.cumprod(np.concatenate([[1.0], a])) * np.append(1 - a, 1.0), spec.residual(dev(P), dev(Q))
     else:
-      w, h = (t.numpy().astype(np.float64) for t in spec.block_acceptance(dev(P), dev(Q), drafted))
-      stop, res = h * np.append(np.cumprod((1 - h)[::-1])[::-1][1:], 1.0), spec.residual(dev(P), dev(w[:, None] * Q))
+      w, *odds = spec.block_acceptance(dev(P), dev(Q), drafted)
+      h = stop_probability(*odds)
+      stop = h * np.append(np.cumprod((1 - h)[::-1])[::-1][1:], 1.0)
+      res = spec.residual(dev(P), dev(w.numpy().astype(np.float64)[:, None] * Q))
     res = res.numpy().astype(np.float64)
     for n in np.flatnonzero(stop):
       for y in range(V): out[path[:n] + (y,)] = out.get(path[:n] + (y,), 0) + prob * stop[n] * res[n, y]
   return out
+
+def probability(num:Tensor, den:Tensor) -> np.ndarray:
+  """The token rule's acceptance from the fraction it tests draws against (spec.acceptance): min(1, num / den), 0 where
+  num is 0; in float64 on the host."""
+  num, den = num.numpy().astype(np.float64), den.numpy().astype(np.float64)
+  return np.where(num > 0, np.minimum(1, np.divide(num, den, out=np.ones_like(num), where=den > 0)), 0.0)
+
+def stop_probability(m:Tensor, slack:Tensor) -> np.ndarray:
+  """The block rule's h from its odds m : slack (spec.block_acceptance): m / (m + slack), 0 where m is 0; float64."""
+  m, slack = m.numpy().astype(np.float64), slack.numpy().astype(np.float64)
+  return np.where(m > 0, m / np.where(m > 0, m + slack, 1), 0.0)
 
 def joint_error(blocks:dict, q, K:int, V:int) -> float:
   """Each emitted block extended to K+1 tokens by the target: the largest difference from the target's own joint."""
@@ -109,6 +122,99 @@ def enumeration_checks(report) -> None:
         error = joint_error(block_distribution(p, q, K, V, rule, dtype), q, K, V)
         report(f"round enumerated, {rule} rule, {draft} draft, {name} ({dtype.name} on the device)",
                f"max error {error:.1e} (<= {tolerance:.0e})", error <= tolerance)
+
+# ***** float32 at its edges: the rules in the device's own rounding and NaN (docs/algorithm.md, Exact in float32) *****
+
+LARGEST_U = 1 - 2**-24   # (2^23 - 1/2) / 2^23: the largest uniform, where the rules' tests are closest to their limits
+
+def uniforms_inside(every:bool) -> tuple[bool, str]:
+  """spec.unit_interval over each pattern a draw's top 24 bits can take (every: all 2^24; else the lowest and highest
+  4096, where 0 and 1 lie): strictly inside (0, 1)."""
+  top = np.arange(2**24) if every else np.concatenate([np.arange(4096), np.arange(2**24 - 4096, 2**24)])
+  u = spec.unit_interval(Tensor(((top << 8) | 0xff).astype(np.uint32))).numpy().astype(np.float64)
+  return bool(u.min() > 0 and u.max() < 1), f"{len(u)} patterns in [{u.min():.3g}, 1 - {1 - u.max():.3g}]"
+
+def edge_rows(V:int=1000) -> Tensor:
+  """Rows the sampler draws from, of every kind: warp()'s with top-k and top-p over a padded vocabulary (most blocks
+  and the padding of no mass), a residual() with a few tokens left, one-hot rows (top-k 1; a greedy-like draft)."""
+  rng = np.random.default_rng(12)
+  logits = spec.padded(Tensor((rng.standard_normal((2, V)) * 3).astype(np.float32)))
+  W = logits.shape[1]
+  warped = [spec.warp(logits, *s.tensors(V), filters=s.static["filters"])
+            for s in (spec.Sampling(1.0, top_k=5), spec.Sampling(0.8, top_p=0.3), spec.Sampling(1.0, top_k=1))]
+  p = np.zeros((1, W), np.float32); p[0, :V] = rng.random(V); p /= p.sum()
+  q = p.copy(); q[0, [3, 700]] += [0.02, 0.01]; q /= q.sum()
+  return Tensor.cat(*warped, spec.residual(Tensor(p), Tensor(q))).realize()
+
+def never_zero_probability() -> tuple[bool, str]:
+  """sample() over edge_rows() with every uniform 1.0 (outside the grid: a draw never is), the largest and the smallest
+  uniform, float32's smallest, and uniform() with every other draw 1.0: no token of probability 0."""
+  rows = edge_rows()
+  probs, (N, W) = rows.numpy(), rows.shape
+  shape, bad = (N, spec.uniforms_per_draw(W)), 0
+  drawn = spec.uniform(spec.seed_key(5), 0, *shape).numpy()
+  drawn[:, ::2] = 1.0
+  for u in [np.full(shape, v, np.float32) for v in (1.0, LARGEST_U, 2**-24, 2**-149)] + [drawn]:
+    tokens = spec.sample(rows, Tensor(u)).numpy()
+    bad += int((probs[np.arange(N), tokens] == 0).sum())
+  return bad == 0, f"{5 * N} draws from {N} rows, {bad} of probability 0"
+
+def race_keys_without_nan() -> tuple[bool, str]:
+  """spec.race() over edge_rows()' tokens and block masses at extreme uniforms: no NaN (a positive one wins best()),
+  a zero weight's key -1, below every other key."""
+  rows = edge_rows()
+  nans = wrong = count = 0
+  for weights in (rows, rows.reshape(rows.shape[0], -1, spec.BLOCK).sum(-1)):
+    w = weights.numpy()
+    for v in (1.0, LARGEST_U, 2**-24, 2**-149):
+      keys = spec.race(weights, Tensor.full(weights.shape, v)).numpy()
+      count, nans = count + keys.size, nans + int(np.isnan(keys).sum())
+      wrong += int((keys[w == 0] != -1).sum() + (keys[w > 0] <= -1).sum())
+  return nans == wrong == 0, f"{count} keys, {nans} NaN, {wrong} out of order"
+
+def block_rule_stops_where_w_is_1() -> tuple[bool, str]:
+  """K 2: q_0 = p_0 one-hot (w_1 = 1), p_1 one-hot on token 7, q_1 a little on 8 and 9: h_1 = m_1 / (m_1 + 0) = 1, so
+  n = 1 at r = 0.99995 and the token is 8 or 9. m_1 + 1 - w_1 rounds m_1 to float32's grid near 1, h_1 fell below r,
+  n was 0, where no mass is left, and the token was a NaN distribution's."""
+  V = 16
+  P, Q = np.zeros((3, V), np.float32), np.zeros((3, V), np.float32)
+  P[0, 3] = Q[0, 3] = P[1, 7] = 1
+  Q[1, [8, 9]] = [0.00012817916, 0.00011950812]; Q[1, 7] = 1 - Q[1].sum(); Q[2] = 1 / V
+  n, dist = spec.block_verification(Tensor(P), Tensor(Q), Tensor([3, 7], dtype=dtypes.int32), Tensor([0.99995] * 2))
+  token = spec.sample(dist.reshape(1, V), spec.uniform(spec.seed_key(1), 0, 1, spec.uniforms_per_draw(V))).item()
+  n, dist = n.item(), dist.numpy()
+  ok = n == 1 and token in (8, 9) and not np.isnan(dist).any() and set(np.flatnonzero(dist)) == {8, 9}
+  return ok, f"n {n} (1), token {token} (8 or 9)"
+
+def token_rule_keeps_q_equal_p() -> tuple[bool, str]:
+  """q = p at the largest uniform (r < 1 = q/p): one-hot rows (top-k 1, prompt lookup) and rows of every probability
+  (where q / p can round below 1) keep every draft; r = 1.0 rejected them into a residual of no mass, 0 / 0."""
+  rng, K, V = np.random.default_rng(2), 3, 16
+  P = np.zeros((K + 1, V), np.float32); P[:K] = rng.random((K, V)); P[0] = 0; P[0, 5] = 1
+  P[:K] /= P[:K].sum(1, keepdims=True)
+  Q = P.copy(); Q[K] = np.eye(V)[11]
+  r = spec.unit_interval(Tensor([0xffffffff] * K, dtype=dtypes.uint32))
+  n, dist = spec.token_verification(Tensor(P), Tensor(Q), Tensor([5, 2, 9], dtype=dtypes.int32), r)
+  n, dist = n.item(), dist.numpy()
+  return bool(n == K and dist[11] == 1), f"n {n} ({K}), the bonus from q_{K}: {dist[11]:.3g} on its token (1)"
+
+def residual_of_no_mass() -> tuple[bool, str]:
+  """residual(p, q) where q <= p everywhere (float32's rounding can reject there): q itself, no NaN."""
+  p = np.full((1, 8), 1 / 8, np.float32); q = p.copy(); q[0, 2] = np.nextafter(q[0, 2], np.float32(0))
+  got = spec.residual(Tensor(p), Tensor(q)).numpy()
+  return bool(not np.isnan(got).any() and np.allclose(got, q / q.sum())), f"residual {got[0, :3].round(4).tolist()}..."
+
+EDGES = {"uniforms strictly inside (0, 1)": lambda: uniforms_inside(False),
+         "sample() never draws a token of probability 0": never_zero_probability,
+         "the races' keys: no NaN, zero weights last": race_keys_without_nan,
+         "block rule: h = 1 where w = 1 (no stop where no mass is left)": block_rule_stops_where_w_is_1,
+         "token rule: q = p kept at the largest uniform": token_rule_keeps_q_equal_p,
+         "residual of no mass draws from q": residual_of_no_mass}
+
+def edge_checks(report) -> None:
+  for name, check in EDGES.items():
+    ok, figure = check()
+    report(f"float32 edge: {name}", figure, ok)
 
 # ***** the models *****
 
@@ -184,6 +290,7 @@ def run(dtype:str="float32") -> int:
   os.environ["SPEC_STEP_CACHE"] = ""   # every step captured here, none loaded: the check is of this code on this device
   try:
     enumeration_checks(report)
+    edge_checks(report)
     with tempfile.TemporaryDirectory() as d:
       root = pathlib.Path(d)
       paths = [checkpoint(root, "target", 1), checkpoint(root, "draft", 1, noise=0.1)] + iid_pair(root)

@@ -53,7 +53,7 @@ print(json.dumps([problems(lambda: spec.best(model.forward(Tensor([[1]], dtype=d
 
 def test_render_kernels_finds_a_kernel_that_leaves_a_gpu_idle():
   """tests/render_kernels.py's work check can fail: greedy's argmax over gpt2's lm_head left lazy takes the matrix
-  product into its reduction (a few dozen threads, what session 32's H100 ran); over the forward's logits it does not.
+  product into its reduction (a few dozen threads, what an H100 ran on 2026-11-26); over the forward's logits it does not.
   On tinygrad's NULL device, rendered for Metal (no compiler needed, NVIDIA's neither)."""
   env = {**os.environ, "DEV": "NULL", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
   out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT)
@@ -73,7 +73,8 @@ def problems():
   return [p for ast in kb.asts.values() for p in kb.argument_problems(to_program(ast, Device[Device.DEFAULT].renderer), ast)]
 kb.record()
 rule = problems()
-spec.block_acceptance = lambda p, q, x, acceptance=spec.block_acceptance: (acceptance(p, q, x)[0], Tensor.ones(x.shape[0] + 1))
+ones = lambda x: Tensor.ones(x.shape[0] + 1)
+spec.block_acceptance = lambda p, q, x, rule=spec.block_acceptance: (rule(p, q, x)[0], ones(x), ones(x) * 0)
 print(json.dumps([rule, problems()]))
 """
 

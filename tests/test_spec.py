@@ -283,12 +283,14 @@ def lenient(factor, verification):
   """Negative controls. Token: acceptance min(1, factor q/p), i.e. r ~ U[0, 1/factor] (the seed's 'dumbed down' sampler).
   Block (factor 1e9 only): every prefix may stop (h = 1), so the whole block is always kept. Always accepting makes
   the first token p-distributed under either rule, the bias whose detection test_power_of_the_statistical_test measures."""
-  if verification == "token": return "acceptance", lambda p, q, x, acceptance=spec.acceptance: (acceptance(p, q, x) * factor).minimum(1)
+  if verification == "token":
+    return "acceptance", lambda p, q, x, rule=spec.acceptance: (lambda qx, px: (qx * factor, px))(*rule(p, q, x))
   def always_stop(p, q, x, block_acceptance=spec.block_acceptance):
-    """h = 1, written as the rule writes h_0 = 1: a Tensor.ones here left a kernel without a buffer its call passes,
-    which CUDA rejects (docs/backends.md, session 34)."""
-    w, h = block_acceptance(p, q, x)
-    return w, (Tensor.arange(x.shape[0] + 1) >= 0).where(1, h)
+    """h = 1, odds 1 : 0, written as the rule writes h_0: constant tensors here left a kernel without a buffer its call
+    passes, which CUDA rejects (docs/backends.md)."""
+    w, m, slack = block_acceptance(p, q, x)
+    every = Tensor.arange(x.shape[0] + 1) >= 0
+    return w, every.where(1, m), every.where(0, slack)
   return "block_acceptance", always_stop
 
 def forget_verification(model):  # the next round re-traces verify(), with whatever rule spec has now
