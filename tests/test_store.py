@@ -123,3 +123,29 @@ def test_a_draft_equal_to_its_target_accepts_everything_from_stored_steps(tiny_d
     _, stats = spec.speculative_generate(twin, draft, [5, 6, 7], 4, 30, sampling, seed=1, eos=None)
     assert stats.acceptance_rate == 1.0, (sampling, stats.accepted, stats.drafted)
   assert saved == [], f"captured, not loaded: {saved}"
+
+SAME_FILE = """
+import json, os, subprocess, sys
+from tinygrad import Device, dtypes
+import models, spec
+from models.engine import store
+model = models.GPT2(models.GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=8), dtypes.float32)
+where = lambda: str(store.step_file(model, spec.target_verify, ("target_verify", 3), 0))
+if sys.argv[1:] == ["child"]: print(where())
+else:
+  Device.DEFAULT   # the device picked: tinygrad writes it into the environment for children, DEV's value stays unset
+  child = subprocess.run([sys.executable, "-c", __doc__, "child"], capture_output=True, text=True, check=True)
+  print(json.dumps([where(), child.stdout.strip()]))
+"""
+
+def test_a_process_and_its_children_name_a_step_alike_with_dev_unset():
+  """With DEV unset a process picks a device and tinygrad writes it into the environment, not into DEV's setting: a
+  child then saw DEV set, its parent unset, their step files differed, and every step a child stored was captured
+  again (the README's test command on pocl, test_a_draft_equal_to_its_target_... in a full run)."""
+  env = {k: v for k, v in os.environ.items() if k != "DEV"} | {"SPEC_STEP_CACHE": "/nonexistent-store",
+                                                               "PYTHONPATH": str(ROOT)}
+  script = f"__doc__ = {SAME_FILE!r}\n" + SAME_FILE
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  parent, child = json.loads(out.stdout.splitlines()[-1])
+  assert parent == child, (parent, child)

@@ -61,10 +61,12 @@ def step_file(model, fn, key:tuple, search:int) -> pathlib.Path|None:
   models = pathlib.Path(__file__).parent.parent
   files = sorted({*models.glob("*.py"), *models.glob("engine/*.py"), pathlib.Path(inspect.getsourcefile(fn))})
   # the settings that shape programs (tinygrad's own list) and any set in the environment: not every ContextVar, as
-  # which exist depends on the tinygrad modules a process happened to import
+  # which exist depends on the tinygrad modules a process happened to import. Not DEV: the device is keyed as opened
+  # (Device.DEFAULT, its target), and tinygrad writes the device it picks into the environment, not into DEV's value,
+  # so with DEV unset a process and its children saw different settings and missed each other's steps
   shaping = (*to_program_context, BEAM, JIT)
   settings = sorted({(v.key, str(v.value)) for v in shaping} | {(k, str(v.value)) for k, v in ContextVar._cache.items()
-                                                                if k in os.environ})
+                                                                if k in os.environ and k != "DEV"})
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
           model.cfg, model.dtype, search, key)
   code = b"".join(f.read_bytes() for f in files)
