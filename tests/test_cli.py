@@ -26,6 +26,7 @@ def test_help_explains_every_flag():
   assert "default: gpt2-xl" in out.stdout and "(default: 2)" in out.stdout and "default: block" in out.stdout
 
 @pytest.mark.backend
+@pytest.mark.long
 def test_json_with_compare(capsys):
   code, out, _ = run(pair() + ["--prompt", "A dictionary is", "-n", "12", "--compare", "--json"], capsys)
   assert code == 0
@@ -48,6 +49,7 @@ def test_plain_generates_what_the_engine_generates(capsys):
     outputs.append(json.loads(out))
   assert [o["plain"] for o in outputs] == [False, True] and outputs[0]["tokens"] == outputs[1]["tokens"]
 
+@pytest.mark.long
 def test_prompt_lookup_with_auto_lookahead(capsys):
   code, out, _ = run(pair()[:2] + ["--search", "0", "--draft", "ngram", "-K", "auto", "--prompt", "A list is a list. A list is", "-n", "16",
                                    "--compare", "--json"], capsys)
@@ -151,6 +153,7 @@ def test_prompt_outside_the_vocabulary(tmp_path, capsys):
   assert code == 2 and err.count("\n") == 1 and "outside the models' vocabulary of 64" in err
 
 @pytest.mark.backend
+@pytest.mark.long
 def test_dummy_weights_say_so(tmp_path, capsys):
   # a config.json is all --dummy-weights reads: one small layer over GPT-2's vocabulary
   write_checkpoint(tmp_path / "small", dict(TINY, n_layer=1, vocab_size=50257), {})

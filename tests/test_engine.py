@@ -215,6 +215,7 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   assert {"scores_5_2_16", "values_5_2_16", "scores_1_2_16", "values_1_2_16"} <= attention_programs()
   assert {"norm_5_32", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
 
+@pytest.mark.long
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
   """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
   measurement (models/engine/lanes.py, attention.py, norm.py) for its width and for one token, whatever the
@@ -334,6 +335,7 @@ def generations(target, draft, prompt, Ks=(1, 4), n=40) -> list:
     + [(0, s, spec.autoregressive_generate(target, prompt, n, s, seed=5, eos=None)[0]) for s in samplings[:2]]
 
 @pytest.mark.backend
+@pytest.mark.long
 def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatch):
   """With the engine's kernels wherever they fit (not only where they measure faster) and with plain=True, the same
   tokens: greedy, sampled at a fixed seed, filtered, the target alone; and a (K+1)-wide pass's logits within the
@@ -347,6 +349,7 @@ def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatc
   assert {"lanes_5_96_32", "scores_5_2_16", "norm_5_32"} <= {p.arg.name for p in to_program_cache.values()}
 
 @pytest.mark.backend
+@pytest.mark.long
 def test_the_engine_generates_what_the_port_alone_generates_on_the_shared_pair(enc):
   """The shared pair, the engine's measured choices against plain=True: the same tokens, greedy and sampled."""
   pairs = [(load(shared_dir() / "docs-target", plain=p), load(shared_dir() / "docs-draft", plain=p)) for p in (False, True)]

@@ -1,10 +1,11 @@
 """python spec.py --self-check: it passes on this device, and it fails when a rule is broken."""
-import subprocess, sys
+import os, subprocess, sys
 import pytest
 import spec
 import self_check
 from conftest import ROOT
 
+@pytest.mark.long
 def test_the_self_check_passes_and_says_what_it_checked():
   out = subprocess.run([sys.executable, "spec.py", "--self-check"], cwd=ROOT, capture_output=True, text=True)
   lines = out.stdout.splitlines()
@@ -19,6 +20,20 @@ def test_the_self_check_passes_and_says_what_it_checked():
                 "float32 edge: uniforms strictly inside", "float32 edge: block rule: h = 1 where w = 1",
                 "greedy identity, K 4, token rule, plain", "chi-square's negative control", "chi-square, 300 tokens"):
     assert any(words in l for l in checks), words
+
+def test_the_self_checks_first_lines_come_without_compiler_chatter():
+  """Its header and first checks, each kernel compiled afresh (tinygrad's and pocl's caches off): nothing on stderr but
+  spec's own notices, where pocl printed '1 warning generated.' for each kernel (the whole run is the long test above)."""
+  env = {**os.environ, "CACHELEVEL": "0", "POCL_KERNEL_CACHE": "0"}
+  run = subprocess.Popen([sys.executable, "spec.py", "--self-check"], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  lines = [run.stdout.readline() for _ in range(12)]   # the header, 8 rounds enumerated, 3 float32 edges (the draws)
+  run.terminate()
+  _, stderr = run.communicate(timeout=120)
+  assert lines[0].startswith("spec self-check on ") and all(l.startswith("PASS  round enumerated") for l in lines[1:9])
+  assert all(l.startswith("PASS  float32 edge") for l in lines[9:]), lines
+  chatter = [l for l in stderr.splitlines() if not l.startswith("spec: ")]
+  assert not chatter, chatter[:5]
 
 def failures(monkeypatch, name:str, broken) -> list[str]:
   """The self-check's failing lines with spec's function `name` replaced by broken (stored steps are off in it)."""

@@ -128,8 +128,8 @@ def test_host_syncs_per_round_and_no_compilation(docs_target, docs_draft, enc, m
   assert copying == [], f"steps that copy from the host on every call: {copying}"
 
 def test_the_rounds_wait_for_the_device_only_at_their_host_read(tiny, monkeypatch):
-  """No synchronization between a round's draft and its verify pass: one cost 6-12% a token on pocl (measurements.md,
-  session 31), as Python waited instead of enqueueing the verify step while the draft ran. The draft's costs are timed
+  """No synchronization between a round's draft and its verify pass: one cost 6-12% a token on pocl (2026-11-26),
+  as Python waited instead of enqueueing the verify step while the draft ran. The draft's costs are timed
   apart, before the rounds (Stats.draft_seconds)."""
   waits, rounds_began, synchronize, output = [], [], spec.synchronize, spec.Output
   monkeypatch.setattr(spec, "synchronize", lambda: waits.append(bool(rounds_began)) or synchronize())
@@ -155,6 +155,7 @@ def test_a_draft_models_round_feeds_its_tokens_as_variables(tiny, monkeypatch):
   assert [run()[0] for run in runs] == expected
 
 @pytest.mark.backend
+@pytest.mark.long
 def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monkeypatch):
   """What a second `python spec.py` does: new model instances find every step of a generation stored by the first run
   (the draft's steps and the verify passes of each K of -K auto, the target's decode), capture none, and emit the same
@@ -236,6 +237,7 @@ def test_auto_goes_on_from_what_earlier_runs_measured(tiny_dir, monkeypatch):
   first, second = chosen[1:chosen.index(None, 1)], chosen[chosen.index(None, 1) + 1:]
   assert first[:12] == list(spec.LOOKAHEADS) * 3 and set(first[12:]) == set(second) == {8}, chosen
 
+@pytest.mark.long
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
   a, b, c = (speculative_generate(docs_target, docs_draft, prompt, 3, 30, s, seed)[0] for seed in (7, 7, 8))
@@ -393,7 +395,7 @@ def simulated_auto(kept:list[float], costs:dict[int, float], by_position:bool, n
   rate = sum(n * expected[K] for K, n in chosen.items()) / sum(n * costs[K] for K, n in chosen.items())
   return rate / max(expected[K] / costs[K] for K in spec.LOOKAHEADS)
 
-# round costs (ms): gpt2-xl/gpt2 on pocl, the deep pair (session 27's passes), a draft a third as dear as its target
+# round costs (ms): gpt2-xl/gpt2 on pocl, the deep pair (its passes on 2026-11-25), a draft a third as dear as its target
 COSTS = {"gpt2-xl": {K: 25 * K + t for K, t in zip(spec.LOOKAHEADS, (270, 290, 350, 550))},
          "deep": {K: 4.5 * K + t for K, t in zip(spec.LOOKAHEADS, (21.3, 25.5, 31.1, 32.3))},
          "dear draft": {K: 3.3 * K + 10 + K for K in spec.LOOKAHEADS}}
