@@ -669,8 +669,8 @@ def parse_args(argv=None):
   ap.add_argument("--dummy-weights", action="store_true", help="random weights of the named sizes, no download (for "
                   "benchmarks)")
   ap.add_argument("--self-check", action="store_true", help="check exactness on this device with tiny random models "
-                  "made on the spot (whole rounds enumerated, greedy identity, a chi-square test), with the engine and "
-                  "with --plain, in --dtype (auto: float32); exit 1 on any failure")
+                  "made on the spot (whole rounds enumerated, float32's edge cases, greedy identity, a chi-square "
+                  "test), with the engine and with --plain, in --dtype (auto: float32); exit 1 on any failure")
   return ap.parse_args(argv)
 
 def read_prompt(path:str) -> str:

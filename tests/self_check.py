@@ -4,6 +4,8 @@ On tiny random models made on the spot (nothing downloaded), on tinygrad's devic
   - whole rounds enumerated exactly on the device: every draft path of K 2 over 4 tokens, the device rule's stop
     probabilities and residuals, against the target's joint distribution (the float64 definition), under both rules,
     with a sampled and a one-hot draft, with temperature 1 and with top-k on;
+  - float32 at its edges (EDGES): uniforms strictly inside (0, 1), no token of probability 0 drawn with extreme
+    uniforms, the races' keys without NaN, the rules' tests where w = 1 and where q = p, a residual of no mass;
   - greedy identity: speculative sampling at K 1 and 4 (both rules at 4) emits the target alone's greedy tokens;
   - a chi-square test of 300 sampled tokens against the target's exact distribution over 8 tokens, its power against
     the draft's distribution stated, and its negative control (the draft's tokens must fail it);
