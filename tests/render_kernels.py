@@ -41,7 +41,7 @@ from tinygrad.codegen import to_program
 from tinygrad.uop.ops import Ops, AddrSpace
 import models, spec
 from models import engine
-from models.engine import attention, lanes, norm
+from models.engine import attention, lanes, matvec, norm
 import kernel_bounds
 
 def render_only():
@@ -72,6 +72,7 @@ def everywhere():
     def __init__(self, fits): super().__init__(); self.fits = fits
     def get(self, key, default=None): return self.fits(key)
   lanes.use_lanes, attention.use_kernels = Fits(lambda k: lanes.fits(*k[1:3])), Fits(lambda k: attention.fits(k[3]))
+  matvec.use_matvec = Fits(lambda k: matvec.fits(*k[1:3]) and matvec.options(*k[1:3])[0] or None)
   norm.use_kernel = Fits(lambda k: True)
   engine.choose_kernels = lambda model, widths: None
 

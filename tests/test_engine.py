@@ -1,5 +1,6 @@
 """The engine (models/engine/): each kernel against the formula it replaces, measured choices, the replay graph, the
 stored steps, the fallback where a kernel cannot run, and the engine against the port alone (plain)."""
+import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
@@ -8,7 +9,7 @@ from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models, spec
 from models import GPT2, GPT2Config, engine
-from models.engine import attention, lanes, measure, norm, replay, store
+from models.engine import attention, lanes, matvec, measure, norm, replay, store
 from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -278,6 +279,85 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
   np.testing.assert_array_equal(decode(again), loaded)
   assert step(load(tiny_dir / "other")).captured is not None, "not rewritten"
 
+@pytest.mark.backend
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 3, 16])
+def test_matvec_kernel_computes_the_formula(T, monkeypatch):
+  """The matvec kernel is x @ w.T + b (and x @ w.T in float32, the lm_head's) for every width a step may run, the
+  three widths together covering every option of each shape, where the device has work-groups (a GPU; CI's GPU suite,
+  DEV=PYTHON::sm_80). Where it has none (tinygrad's CPU backend) the kernel is no candidate: choose() measures nothing."""
+  rng, i = np.random.default_rng(T), [1, 3, 16].index(T)
+  for N, C in ((24, 32), (40, 256)):
+    x, w, b = (Tensor(rng.standard_normal(s).astype(np.float32)).cast(models.DTYPES[dtype()]).realize()
+                 for s in ((T, C), (N, C), (N,)))
+    expected = x.float().numpy() @ w.float().numpy().T
+    if not matvec.fits(N, C):
+      assert not Device[Device.DEFAULT].renderer.has_local
+      monkeypatch.setattr(matvec, "seconds", lambda *a: pytest.fail("measured where it cannot run"))
+      assert matvec.choose(T, [w], [b], x.dtype) is None
+      continue
+    for group, outputs in matvec.options(N, C)[i::3]:
+      got = matvec.linear(x, w, b, kernel=(group, outputs)).float().numpy()
+      assert np.abs(got - expected - b.float().numpy()).max() < tolerance() * np.abs(expected).max() + 1e-6
+      got = matvec.linear(x, w, dtype=dtypes.float32, kernel=(group, outputs)).numpy()
+      assert np.abs(got - expected).max() < tolerance() * np.abs(expected).max() + 1e-6
+    assert f"matvec_{T}_{N}_{C}" in {p.arg.name for p in to_program_cache.values()}
+
+def test_matvec_options_fit_the_shape():
+  """Work-groups near 32, 64 and 128 threads that share the reduction's 4-wide vectors evenly, outputs dividing N."""
+  assert matvec.options(4800, 1600) == [(g, o) for g in (25, 50, 100) for o in (1, 2, 4)]   # gpt2-xl: 400 vectors
+  assert matvec.options(2304, 768) == [(g, o) for g in (32, 64, 96) for o in (1, 2, 4)]
+  assert matvec.options(50257, 768) == [(32, 1), (64, 1), (96, 1)] and matvec.options(24, 30) == []
+
+def test_matvec_choose_measures_every_option_against_what_lanes_left(monkeypatch, disk):
+  """choose() times what lanes.py left (None) and every option, keeps the fastest (None where nothing beats it), once
+  per machine: a new process finds it in the disk cache."""
+  monkeypatch.setattr(matvec, "use_matvec", {})
+  monkeypatch.setattr(matvec, "fits", lambda N, C: True)
+  costs, timed = {None: 2.0, (8, 1): 3.0, (8, 2): 1.0, (8, 4): 1.5}, []
+  monkeypatch.setattr(matvec, "seconds", lambda x, ws, bs, o: timed.append((x.shape, o)) or costs[o])
+  weights, biases = [Tensor.empty(24, 32)] * 2, [Tensor.empty(24)] * 2
+  assert matvec.choose(3, weights, biases, dtypes.float32) == (8, 2)
+  key = (3, 24, 32, dtypes.float32, dtypes.float32, True)
+  assert timed == [((3, 32), o) for o in costs] and matvec.use_matvec == {key: (8, 2)}
+  monkeypatch.setattr(matvec, "use_matvec", {})
+  assert matvec.choose(3, weights, biases, dtypes.float32) == (8, 2) and len(timed) == 4, "measured again"
+  costs[None] = 0.5
+  assert matvec.choose(3, weights, None, dtypes.float32) is None and matvec.use_matvec[(*key[:5], False)] is None
+
+def test_a_matvec_option_that_cannot_run_drops_out_with_one_line(monkeypatch, capfd, disk):
+  """An option that fails to compile or run is not measured and not cached as a loss of the others: one line on stderr
+  names it and the error, and the fastest of the rest is kept; when all fail, what lanes.py left runs."""
+  monkeypatch.setattr(matvec, "use_matvec", {})
+  monkeypatch.setattr(matvec, "fits", lambda N, C: True)
+  def seconds(x, ws, bs, o):
+    if o == (8, 2): raise RuntimeError("too many resources requested for launch")
+    return {None: 2.0, (8, 1): 1.0, (8, 4): 1.5}[o]
+  monkeypatch.setattr(matvec, "seconds", seconds)
+  assert matvec.choose(1, [Tensor.empty(24, 32)], None, dtypes.float32) == (8, 1)
+  lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
+  assert len(lines) == 1 and "matvec kernel" in lines[0] and "(8, 2)" in lines[0] and "too many resources" in lines[0]
+
+# a gpt2 decode (float16, CUDA sm_90): the kernels it launches, engine and plain; more is a regression, fewer a new pin
+DECODE_KERNELS = {"engine": 214, "plain": 202}
+
+def test_a_gpt2_decode_launches_its_pinned_kernel_count(tmp_path):
+  """tests/gpu_profile.py's capture of gpt2's decode on tinygrad's NULL device for CUDA sm_90 (NVRTC from pip's
+  nvidia-cuda-nvrtc, which .ci/run installs): its kernel count pinned, and the engine's predicted time below the port's."""
+  try: import nvidia   # noqa: F401
+  except ImportError:
+    if os.environ.get("CI") == "true": pytest.fail("CI must have pip's nvidia-cuda-nvrtc")
+    pytest.skip("NVIDIA's compiler from pip (nvidia-cuda-nvrtc) is not installed")
+  root, out = pathlib.Path(__file__).resolve().parent.parent, tmp_path / "profile.json"
+  run = subprocess.run([sys.executable, str(root / "tests" / "gpu_profile.py"), "--models", "gpt2", "--widths", "1",
+                        "--dtypes", "float16", "--json", str(out)], env={**os.environ, "DEV": "NULL:CUDA:sm_90"},
+                       capture_output=True, text=True, cwd=root)
+  assert run.returncode == 0, run.stderr[-2000:]
+  passes = {layer: p["1"] for layer, p in json.loads(out.read_text())["gpt2"]["float16"].items()}
+  assert {layer: p["kernels"] for layer, p in passes.items()} == DECODE_KERNELS
+  assert passes["engine"]["predicted_ms"] < passes["plain"]["predicted_ms"]
+  assert all(p["floor_ms"] == pytest.approx(p["weight_bytes"] / 3.35e12 * 1e3) for p in passes.values())
+
 # ***** the engine against the port alone *****
 
 def everywhere(monkeypatch):
@@ -286,6 +366,7 @@ def everywhere(monkeypatch):
     def __init__(self, fits): super().__init__(); self.fits = fits
     def get(self, key, default=None): return self.fits(key)
   monkeypatch.setattr(lanes, "use_lanes", Fits(lambda key: lanes.fits(*key[1:3])))
+  monkeypatch.setattr(matvec, "use_matvec", Fits(lambda key: matvec.fits(*key[1:3]) and matvec.options(*key[1:3])[0] or None))
   monkeypatch.setattr(attention, "use_kernels", Fits(lambda key: attention.fits(key[3])))
   monkeypatch.setattr(norm, "use_kernel", Fits(lambda key: True))
   monkeypatch.setattr(engine, "choose_kernels", lambda model, widths: None)

@@ -1,8 +1,8 @@
 """The engine: what makes the port fast, applied to a loaded model from outside by apply(), and nothing without it.
 
-- lanes.py, attention.py, norm.py: one custom kernel each (the linear layers and lm_head, attention, the layer norms),
-  with the formula it replaces, a check whether it fits, and a choice measured once per machine; a kernel that fails
-  to compile or run loses its measurement, and one line on stderr says which and why.
+- lanes.py, matvec.py, attention.py, norm.py: one custom kernel each (the linear layers and lm_head on a CPU and on a
+  GPU, attention, the layer norms), with the formula it replaces, a check whether it fits, and a choice measured once
+  per machine; a kernel that fails to compile or run loses its measurement, and one line on stderr says which and why.
 - replay.py: a JIT graph for devices without one (CPU, OpenCL), used by the engine's steps only.
 - store.py: captured steps stored on disk and loaded by later processes.
 models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own kernels and executor. docs/engine.md.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
-from models.engine import attention, lanes, norm, replay, store
+from models.engine import attention, lanes, matvec, norm, replay, store
 from models.engine.measure import half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
@@ -21,12 +21,12 @@ def apply(model:GPT2, search:int=0) -> GPT2:
   faster, and its JIT-compiled steps compiled through compile() (kernel choices, BEAM search of width search, the
   store, the replay graph). The state (weights, KV cache) and its names do not change."""
   for block in model.h:
-    block.attn.c_attn, block.attn.c_proj = lanes.Linear(block.attn.c_attn), lanes.Linear(block.attn.c_proj)
-    block.mlp.c_fc, block.mlp.c_proj = lanes.Linear(block.mlp.c_fc), lanes.Linear(block.mlp.c_proj)
+    block.attn.c_attn, block.attn.c_proj = matvec.Linear(block.attn.c_attn), matvec.Linear(block.attn.c_proj)
+    block.mlp.c_fc, block.mlp.c_proj = matvec.Linear(block.mlp.c_fc), matvec.Linear(block.mlp.c_proj)
     block.ln_1, block.ln_2 = norm.LayerNorm(block.ln_1), norm.LayerNorm(block.ln_2)
     attention.install(block.attn)
   model.ln_f = norm.LayerNorm(model.ln_f)
-  model.lm_head = functools.partial(lanes.linear, w=model.wte.weight, dtype=dtypes.float32)
+  model.lm_head = functools.partial(matvec.linear, w=model.wte.weight, dtype=dtypes.float32)
   model.compile = functools.partial(compile, weakref.ref(model), search)
   return model
 
@@ -44,13 +44,15 @@ def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
 def choose_kernels(model:GPT2, widths) -> None:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over all
   layers, and the lm_head), attention and the layer norms faster: the engine's or tinygrad's."""
-  roles = zip(*((b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in model.h))
-  groups = [[layer.weight for layer in role] for role in roles] + [[model.wte.weight]]
+  roles = list(zip(*((b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in model.h)))
+  groups = [([l.weight for l in role], [l.bias for l in role]) for role in roles] + [([model.wte.weight], None)]
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   with notice(what), replay.graph(Device.DEFAULT):
     for T in sorted(widths):
-      for weights in groups: lanes.choose(T, weights, model.dtype)
+      for weights, biases in groups:
+        lanes.choose(T, weights, model.dtype)
+        matvec.choose(T, weights, biases, model.dtype)   # against what lanes chose
       attention.choose(T, [b.attn for b in model.h], model.dtype)
       norm.choose(T, [ln for b in model.h for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype)
 
@@ -80,10 +82,10 @@ class Step:
 @contextlib.contextmanager
 def formulas():
   """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
-  saved = lanes.use_lanes, attention.use_kernels, norm.use_kernel
-  lanes.use_lanes, attention.use_kernels, norm.use_kernel = {}, {}, {}
+  saved = lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel
+  lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel = {}, {}, {}, {}
   try: yield
-  finally: lanes.use_lanes, attention.use_kernels, norm.use_kernel = saved
+  finally: lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel = saved
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):

@@ -1,4 +1,5 @@
-"""Measured choices: which of two ways is faster on this machine, asked once and kept in tinygrad's disk cache."""
+"""Measured choices: which of two or more ways is fastest on this machine, asked once and kept in tinygrad's disk
+cache."""
 from __future__ import annotations
 import hashlib, importlib.metadata, sys, time
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
@@ -17,6 +18,20 @@ def faster(kind:str, what:tuple, kernel, formula, name:str) -> bool:
           file=sys.stderr, flush=True)
     return False
   return diskcache_put(kind, disk, seconds < formula())
+
+def fastest(kind:str, what:tuple, candidates:dict, name:str):
+  """The key of the candidate (a function that runs and returns its seconds) that measures fewest seconds, asked once
+  per machine like faster(); a candidate that fails to compile or run drops out, and one line on stderr names it (name
+  and its key) and says why."""
+  disk = machine_key(*what)
+  if (ret := diskcache_get(kind, disk)) is not None: return ret[0]
+  costs = {}
+  for key, fn in candidates.items():
+    try: costs[key] = fn()
+    except Exception as e:
+      why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+      print(f"spec: the {name} {key} cannot run on {Device.DEFAULT} ({why})", file=sys.stderr, flush=True)
+  return diskcache_put(kind, disk, (min(costs, key=costs.get) if costs else None,))[0]
 
 def machine_key(*what) -> str:
   """A disk-cache key for a measurement on this machine: tinygrad's version, the device, its compiler target, and

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""gpt2-xl's and gpt2's step passes profiled for an H100 without a GPU: their kernels, what each must read, and a time.
+
+  python tests/gpu_profile.py                          # CI: both models, float16 and float32, engine and --plain
+  python tests/gpu_profile.py --models gpt2 --widths 1 --kernels   # every kernel of gpt2's decode
+  python tests/gpu_profile.py --json profile.json
+
+A step pass is what a round runs on the target: its forward over T tokens and the greedy verification, one JIT call
+(spec.Verifier; T 1 is a decode). Each is captured on tinygrad's NULL device for CUDA sm_90 (kernels lowered, rendered
+and compiled by NVRTC; nothing runs), dummy weights, the KV cache at CONTEXT positions. Per kernel: the bytes it must
+move (tinygrad's estimate, each byte once), its threads and work-groups, the bytes of its widest load from a weight and
+its loads in flight, and a predicted time from this model of an H100 (constants below):
+
+  time = LAUNCH + bytes / min(BANDWIDTH, in_flight / LATENCY)
+  in_flight = min(threads, RESIDENT) x the bytes a thread's global loads read in one iteration of its loop
+
+(Little's law: the memory runs at its speed only with BANDWIDTH x LATENCY bytes requested and not yet returned.) The
+engine's kernel choices, measured by a clock on a GPU, are made here by the same model. Per pass: kernels, weight
+bytes, the floor (those bytes at BANDWIDTH), the predicted time, and the share of weight bytes read by loads of 16
+bytes or more. The model's limits: no caches, no compute, the compiler's own unrolling unseen. docs/backends.md.
+"""
+import argparse, contextlib, json, math, os, pathlib, sys, time, types
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("DEV", "NULL:CUDA:sm_90")
+os.environ["NULL_ALLOW_COPYOUT"] = "1"          # the round's host read gets zeros
+os.environ["SPEC_STEP_CACHE"] = ""              # every step captured here
+import render_kernels                           # noqa: E402  pip's NVRTC found as render_kernels.py finds it
+from tinygrad import Tensor, TinyJit, Context, dtypes   # noqa: E402
+from tinygrad.nn.state import get_state_dict   # noqa: E402
+from tinygrad.uop.ops import Ops, AddrSpace, UOp, sym_infer   # noqa: E402
+import models, spec                             # noqa: E402
+from models import engine                       # noqa: E402
+from models.engine import attention, lanes, matvec, measure, norm   # noqa: E402
+
+BANDWIDTH = 3.35e12   # bytes/s: the H100 SXM's HBM3 as sold (a device copy measured 3.01e12 on 2026-11-27)
+LAUNCH = 2.0e-6       # s a kernel in a CUDA graph: 1.2-2.7 µs measured on an H100 (docs/backends.md, 2026-11-27)
+LATENCY = 0.2e-6      # s a load is in flight: fitted to tinygrad's matmuls measured on an H100 (docs/backends.md)
+RESIDENT = 132 * 2048   # threads an H100 holds at once: 132 SMs x 2048
+CONTEXT = 256         # cached positions: the start position bound in every pass
+WIDE = 16             # bytes: a load this wide or wider is a wide load
+
+def kernel_calls(linear):
+  """The CALLs of a captured pass in order, batched graphs opened."""
+  for call in linear.src:
+    ast = call.src[0]
+    if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph": yield from kernel_calls(ast.src[0])
+    elif ast.op is Ops.PROGRAM: yield call
+
+def loads(program) -> list[tuple[int, int, int]]:
+  """(param slot, bytes, times a thread runs it) per global load of a program's linearized code."""
+  out, mults = [], [1]
+  for u in program.src[1].src:
+    if u.op is Ops.RANGE: mults.append(mults[-1] * (int(u.src[0].vmax) if u.dtype is not dtypes.void else 1))
+    elif u.op is Ops.END: mults.pop()
+    elif u.op is Ops.LOAD and u.src[0].addrspace == AddrSpace.GLOBAL:
+      param = u.src[0]
+      while param.op is not Ops.PARAM: param = param.src[0]
+      out.append((param.arg.slot, u.max_numel() * u.dtype.itemsize, mults[-1]))
+  return out
+
+def profile_kernel(call, weights:set, var_vals:dict) -> dict:
+  """One kernel's figures and predicted seconds."""
+  program = call.src[0]
+  info, est = program.arg, program.src[0].arg.estimates
+  glob, local = info.launch_dims(var_vals)
+  threads, groups = math.prod(glob) * math.prod(local), math.prod(glob)
+  moved = sym_infer(est.mem, var_vals)
+  args = [a for a in call.src[1:] if not a.is_bound_var]
+  is_weight = lambda slot: slot < len(args) and args[slot].op is Ops.BUFFER and args[slot].buffer in weights
+  ld = loads(program)
+  deepest = max((m for _, _, m in ld), default=1)
+  in_flight = min(threads, RESIDENT) * sum(b for _, b, m in ld if m == deepest)
+  weight_loads = [(b, m) for s, b, m in ld if is_weight(s)]
+  read, wide = sum(b * m for b, m in weight_loads), sum(b * m for b, m in weight_loads if b >= WIDE)
+  weight_bytes = sum(args[s].buffer.nbytes for s in {s for s, _, _ in ld if is_weight(s)})
+  return dict(name=info.function_name, bytes=moved, threads=threads, groups=groups,
+              load_bytes=max((b for b, _ in weight_loads), default=0), in_flight=in_flight, weight_bytes=weight_bytes,
+              wide_bytes=weight_bytes * wide / read if read else 0,
+              seconds=LAUNCH + moved / min(BANDWIDTH, max(in_flight, 1) / LATENCY))
+
+def predicted_seconds(linear, weights:set, var_vals:dict) -> float:
+  return sum(profile_kernel(c, weights, var_vals)["seconds"] for c in kernel_calls(linear))
+
+@contextlib.contextmanager
+def model_clock(weights:set):
+  """The engine's measured choices made by this model: a captured function's predicted seconds, nothing cached."""
+  saved = measure.captured_seconds, measure.diskcache_get, measure.diskcache_put
+  def seconds(fn, *args):
+    step = TinyJit(fn)
+    with Context(BEAM=0):
+      for _ in range(2): step(*args)
+    bound = dict(a.unbind() for a in args if isinstance(a, UOp))
+    return predicted_seconds(step.captured.linear, weights, {v.expr: value for v, value in bound.items()})
+  # over one layer: the model predicts the same for every layer of a shape, and capturing 48 took minutes
+  one_layer = lambda model, widths: choose(types.SimpleNamespace(**{**vars(model), "h": model.h[:1]}), widths)
+  measure.captured_seconds, measure.diskcache_get, measure.diskcache_put = seconds, lambda *a: None, lambda t, k, v: v
+  choose, engine.choose_kernels = engine.choose_kernels, one_layer
+  for module in (attention, lanes, matvec, norm): module.captured_seconds = seconds
+  try: yield
+  finally:
+    measure.captured_seconds, measure.diskcache_get, measure.diskcache_put = saved
+    engine.choose_kernels = choose
+    for module in (attention, lanes, matvec, norm): module.captured_seconds = saved[0]
+
+def profile(name:str, dtype:str, widths:list[int], plain:bool) -> dict[int, dict]:
+  """Every width's step pass of one model, dtype and layer: {T: figures, with its kernels}."""
+  model = models.load(name, dtype, dummy=True, plain=plain)
+  weights = {t.uop.buffer for k, t in get_state_dict(model).items() if "cache_kv" not in k}
+  verifier, out = spec.Verifier(model, spec.Sampling(), spec.seed_key(0), "token"), {}
+  with model_clock(weights):
+    for T in widths:
+      for nonce in range(2): verifier(spec.device_tokens([1] * T), None, CONTEXT, nonce)   # captured on the second
+      step = verifier.step(T, True)
+      linear = (step.fn if hasattr(step, "fn") else step).captured.linear
+      kernels = [profile_kernel(c, weights, {"start_pos": CONTEXT, "nonce": 1}) for c in kernel_calls(linear)]
+      weight_bytes = sum(b.nbytes for b in weights)
+      read = max(sum(k["weight_bytes"] for k in kernels), 1)
+      out[T] = dict(kernels=len(kernels), weight_bytes=weight_bytes, floor_ms=weight_bytes / BANDWIDTH * 1e3,
+                    predicted_ms=sum(k["seconds"] for k in kernels) * 1e3,
+                    wide_load_fraction=sum(k["wide_bytes"] for k in kernels) / read, per_kernel=kernels)
+  return out
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--models", nargs="+", default=["gpt2-xl", "gpt2"], help="models by name (default: gpt2-xl gpt2)")
+  ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 5, 9], help="tokens a pass (default: 1 2 3 5 9)")
+  ap.add_argument("--dtypes", nargs="+", default=["float16", "float32"], choices=["float16", "float32"],
+                  help="weights' precision (default: both)")
+  ap.add_argument("--plain", choices=["both", "yes", "no"], default="both", help="--plain, the engine, or both")
+  ap.add_argument("--kernels", action="store_true", help="print every kernel of every pass")
+  ap.add_argument("--json", metavar="FILE", help="write the figures per model, dtype, engine or plain, and width")
+  args = ap.parse_args()
+  result = {}
+  for name in args.models:
+    for dtype in args.dtypes:
+      for plain in {"both": (False, True), "yes": (True,), "no": (False,)}[args.plain]:
+        t0, layer = time.perf_counter(), "plain" if plain else "engine"
+        passes = profile(name, dtype, args.widths, plain)
+        for T, p in passes.items():
+          print(f"{name} {dtype} {layer:6} T {T}: {p['kernels']:4} kernels, predicted {p['predicted_ms']:7.3f} ms = "
+                f"{p['predicted_ms'] / p['floor_ms']:5.1f}x the floor {p['floor_ms']:.3f} ms, wide loads "
+                f"{p['wide_load_fraction']:.0%} of the weight bytes", flush=True)
+          if args.kernels:
+            for k in p["per_kernel"]:
+              print(f"    {k['name'][:40]:40} {k['bytes']:>11,} B {k['threads']:>8} threads {k['groups']:>6} groups "
+                    f"load {k['load_bytes']:2} B in flight {k['in_flight']:>9,} B {k['seconds'] * 1e6:8.1f} µs")
+          figures = {k: v for k, v in p.items() if k != "per_kernel" or args.kernels}
+          result.setdefault(name, {}).setdefault(dtype, {}).setdefault(layer, {})[T] = figures
+        print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+  if args.json: pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+  return 0
+
+if __name__ == "__main__": sys.exit(main())
