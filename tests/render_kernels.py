@@ -74,6 +74,8 @@ def everywhere():
   lanes.use_lanes, attention.use_kernels = Fits(lambda k: lanes.fits(*k[1:3])), Fits(lambda k: attention.fits(k[3]))
   matvec.use_matvec = Fits(lambda k: matvec.fits(*k[1:3]) and matvec.options(*k[1:3])[0] or None)
   norm.use_kernel = Fits(lambda k: True)
+  # the stats kernel for passes of several rows where it fits, the row kernel for one: both rendered
+  norm.use_group = Fits(lambda k: k[0] > 1 and (norm.groups(k[1]) or [None])[0] or None)
   engine.choose_kernels = lambda model, widths: None
 
 SHAPES = {"tiny": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=256), "gpt2": None}

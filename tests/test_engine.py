@@ -139,19 +139,22 @@ def test_attention_choose_measures_once_per_machine(monkeypatch, disk):
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, pytest.param(5, marks=pytest.mark.gpu), 16])
 def test_norm_kernel_computes_layer_norm(T):
-  """norm.py's kernel and tinygrad's both compute nn.LayerNorm over each row, for every width a step may run, in the
-  suite's dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel)."""
+  """norm.py's kernels (a work-item per row; where the device has work-groups, the stats kernel with each work-group
+  size measured) and tinygrad's compute nn.LayerNorm over each row, for every width a step may run, in the suite's
+  dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel)."""
   rng = np.random.default_rng(T)
   for C in (32, 768):
     x = Tensor((rng.standard_normal((1, T, C)) * 3 + 20).astype(np.float32)).cast(dtype()).realize()
     w, b = (Tensor(rng.standard_normal(C).astype(np.float32)).cast(dtype()).realize() for _ in range(2))
     xs = x.float().numpy().astype(np.float64)
     expected = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-5) * w.float().numpy() + b.float().numpy()
-    for kernel in (True, False):
-      got = norm.layer_norm(x, w, b, 1e-5, kernel)
+    for way in ({"kernel": True}, {"kernel": False}, *({"group": g} for g in norm.groups(C))):
+      got = norm.layer_norm(x, w, b, 1e-5, **way)
       assert got.shape == x.shape and got.dtype == x.dtype
-      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, kernel)
-    assert f"norm_{T}_{C}" in {p.arg.name for p in to_program_cache.values()}
+      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, way)
+    names = {p.arg.name for p in to_program_cache.values()}
+    assert f"norm_{T}_{C}" in names and (f"stats_{T}_{C}" in names) == bool(norm.groups(C))
+    assert bool(norm.groups(C)) == Device[Device.DEFAULT].renderer.has_local
 
 def test_norm_choose_measures_once_per_machine(monkeypatch, disk):
   """norm.choose() times its kernel and tinygrad's over the norms given, keeps the faster, and asks tinygrad's disk cache
@@ -166,6 +169,22 @@ def test_norm_choose_measures_once_per_machine(monkeypatch, disk):
   assert norm.choose(5, norms, dtypes.float32) is True and len(timed) == 2, "measured again"
   monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel: 2.0 if kernel else 1.0)
   assert norm.choose(1, norms, dtypes.float32) is False and norm.use_kernel[(1, 48, dtypes.float32)] is False
+
+def test_norm_choose_group_measures_every_size_against_what_choose_left(monkeypatch, disk):
+  """norm.choose_group() times what choose() left (None) and the stats kernel at each work-group size, keeps the
+  fastest (None where nothing beats it), once per machine; where the device has no work-groups it measures nothing."""
+  monkeypatch.setattr(norm, "use_group", {})
+  monkeypatch.setattr(norm, "groups", lambda C: [32, 64])
+  costs, timed = {None: 2.0, 32: 1.0, 64: 1.5}, []
+  monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel, group: timed.append((T, kernel, group)) or costs[group])
+  norms = [norm.LayerNorm(nn.LayerNorm(256)) for _ in range(2)]
+  assert norm.choose_group(3, norms, dtypes.float32) == 32 and timed == [(3, None, g) for g in costs]
+  monkeypatch.setattr(norm, "use_group", {})
+  assert norm.choose_group(3, norms, dtypes.float32) == 32 and len(timed) == 3, "measured again"
+  costs[None] = 0.5
+  assert norm.choose_group(1, norms, dtypes.float32) is None and norm.use_group == {(3, 256, dtypes.float32): 32, (1, 256, dtypes.float32): None}
+  monkeypatch.setattr(norm, "groups", lambda C: [])
+  assert norm.choose_group(2, norms, dtypes.float32) is None and len(timed) == 6 and (2, 256, dtypes.float32) not in norm.use_group
 
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
   """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
@@ -369,6 +388,8 @@ def everywhere(monkeypatch):
   monkeypatch.setattr(matvec, "use_matvec", Fits(lambda key: matvec.fits(*key[1:3]) and matvec.options(*key[1:3])[0] or None))
   monkeypatch.setattr(attention, "use_kernels", Fits(lambda key: attention.fits(key[3])))
   monkeypatch.setattr(norm, "use_kernel", Fits(lambda key: True))
+  # the stats kernel for passes of several rows where it fits, the row kernel for one: both run
+  monkeypatch.setattr(norm, "use_group", Fits(lambda key: key[0] > 1 and (norm.groups(key[1]) or [None])[0] or None))
   monkeypatch.setattr(engine, "choose_kernels", lambda model, widths: None)
 
 @pytest.mark.backend

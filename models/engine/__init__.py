@@ -54,7 +54,9 @@ def choose_kernels(model:GPT2, widths) -> None:
         lanes.choose(T, weights, model.dtype)
         matvec.choose(T, weights, biases, model.dtype)   # against what lanes chose
       attention.choose(T, [b.attn for b in model.h], model.dtype)
-      norm.choose(T, [ln for b in model.h for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype)
+      norms = [ln for b in model.h for ln in (b.ln_1, b.ln_2)] + [model.ln_f]
+      norm.choose(T, norms, model.dtype)
+      norm.choose_group(T, norms, model.dtype)   # against what norm.choose() chose
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
@@ -82,10 +84,10 @@ class Step:
 @contextlib.contextmanager
 def formulas():
   """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
-  saved = lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel
-  lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel = {}, {}, {}, {}
+  saved = lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel, norm.use_group
+  lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel, norm.use_group = {}, {}, {}, {}, {}
   try: yield
-  finally: lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel = saved
+  finally: lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel, norm.use_group = saved
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):

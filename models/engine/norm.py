@@ -2,16 +2,22 @@
 
 Replaces nn.LayerNorm (formula()). On a CPU a small model's pass costs more per kernel than per byte, and the two norms
 of a layer were a third of its kernels. One work-item per row loops over it three times. For wide prefills and on GPUs
-a work-item per row loses; which is faster is measured per device and shape (choose()).
+a work-item per row loses: there a work-group per row sums it in one kernel (stats_kernel(); a GPU's tinygrad gave each
+of its two sums 16 threads), chosen by measurement among work-group sizes (choose_group()).
 """
 from __future__ import annotations
 import functools, inspect, math
 from tinygrad import Tensor, UOp, dtypes, nn
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine.measure import captured_seconds, faster
+from tinygrad import Device
+from tinygrad.codegen.opt import Opt, OptOps
+from models.engine.measure import captured_seconds, faster, fastest
 
+GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
 # (T, C, dtype) -> run the kernel here: what choose() measured on this device
 use_kernel: dict[tuple, bool] = {}
+# (T, C, dtype) -> the work-group size of stats_kernel() here, or None: what choose_group() measured
+use_group: dict[tuple, int|None] = {}
 
 def formula(x:Tensor, w:Tensor, b:Tensor, eps:float) -> Tensor:
   """What the kernel replaces: nn.LayerNorm over x's last axis."""
@@ -30,10 +36,39 @@ def norm_kernel(out:UOp, x:UOp, w:UOp, b:UOp, eps:float) -> UOp:
   # no options: tinygrad's would split the row over threads, each recomputing the row's mean and variance
   return out[t, k].store(y.cast(out.dtype)).end(t, k).sink(arg=KernelInfo(name=f"norm_{T}_{C}", opts_to_apply=()))
 
-def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, kernel:bool|None=None) -> Tensor:
-  """formula(), in x's dtype, by the kernel or tinygrad's; kernel None: as choose() measured (else tinygrad's)."""
+def stats_kernel(out:UOp, x:UOp, group:int) -> UOp:
+  """out[t] = (sum_k d, sum_k d^2), d = x[t, k] - x[t, 0], float32 inside: a row's sums shifted by its first element, so
+  that the variance taken from them loses nothing to a mean far from 0; each row's sum split over a work-group of
+  group threads, VECTOR elements a load."""
+  T, C = x.shape
+  t, j, k = UOp.range(T, 0), UOp.range(2, 1, AxisType.UPCAST), UOp.range(C, 2, AxisType.REDUCE)
+  d = x[t, k].cast(dtypes.float32) - x[t, 0].cast(dtypes.float32)
+  acc = j.eq(0).where(d, d * d).reduce(k, arg=Ops.ADD)
+  info = KernelInfo(name=f"stats_{T}_{C}", opts_to_apply=(Opt(OptOps.UNROLL, 0, VECTOR), Opt(OptOps.GROUP, 0, group)))
+  return out[t, j].store(acc).end(t, j).sink(arg=info)
+
+def groups(C:int) -> list[int]:
+  """Work-group sizes near GROUPS that share a row's vectors evenly; none where the device has no work-groups."""
+  renderer = Device[Device.DEFAULT].renderer
+  divisors = [d for d in range(8, 513) if C % (VECTOR * d) == 0] if renderer.has_local and renderer.has_shared else []
+  return sorted({min(divisors, key=lambda d: abs(d - g)) for g in GROUPS}) if divisors else []
+
+def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
+  """formula() from stats_kernel()'s sums: mean = x[0] + S1 / C, variance = S2 / C - (S1 / C)^2."""
+  *B, C = x.shape
+  rows = x.reshape(math.prod(B), C)
+  out = Tensor.empty(rows.shape[0], 2, dtype=dtypes.float32, device=x.device)
+  sums = out.custom_kernel(rows, fxn=functools.partial(stats_kernel, group=group))[0] / C
+  shift = sums[:, :1]
+  mean, var = rows[:, :1].float() + shift, sums[:, 1:] - shift * shift
+  return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
+
+def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, kernel:bool|None=None, group:int|None=None) -> Tensor:
+  """formula(), in x's dtype, by stats_kernel() with work-groups of group threads, by norm_kernel() (kernel), or by
+  tinygrad's; kernel and group None: as choose() and choose_group() measured (else tinygrad's)."""
   *B, C = x.shape
   T = math.prod(B)
+  if kernel is None and (group := group or use_group.get((T, C, x.dtype))): return grouped(x, w, b, eps, group)
   if kernel is None: kernel = use_kernel.get((T, C, x.dtype), False)
   if not kernel: return formula(x, w, b, eps)
   out = Tensor.empty(T, C, dtype=x.dtype, device=x.device)
@@ -55,7 +90,18 @@ def choose(T:int, norms:list[LayerNorm], dtype) -> bool:
                              lambda: seconds(T, norms, dtype, False), f"layer norm kernel ({T} rows x {C})")
   return use_kernel[key]
 
-def seconds(T:int, norms:list[LayerNorm], dtype, kernel:bool) -> float:
+def seconds(T:int, norms:list[LayerNorm], dtype, kernel:bool|None, group:int|None=None) -> float:
   """T rows through every norm, captured, best of 3."""
   x = Tensor.ones(T, norms[0].weight.shape[0], dtype=dtype).contiguous().realize()
-  return captured_seconds(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, kernel).realize() for n in norms], x)
+  return captured_seconds(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, kernel, group).realize() for n in norms], x)
+
+def choose_group(T:int, norms:list[LayerNorm], dtype) -> int|None:
+  """The work-group size with which stats_kernel() normalizes T rows fastest, if one beats what choose() left: all
+  timed over these norms, once per machine; None where the device has no work-groups."""
+  C = norms[0].weight.shape[0]
+  key = (T, C, dtype)
+  if key not in use_group and groups(C):
+    candidates = {g: functools.partial(seconds, T, norms, dtype, None, g) for g in [None, *groups(C)]}
+    code = inspect.getsource(stats_kernel) + inspect.getsource(grouped)
+    use_group[key] = fastest("spec_norm_group", (key, code), candidates, f"layer norm's stats kernel ({T} rows x {C}), group")
+  return use_group.get(key)
