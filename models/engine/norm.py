@@ -103,5 +103,6 @@ def choose_group(T:int, norms:list[LayerNorm], dtype) -> int|None:
   if key not in use_group and groups(C):
     candidates = {g: functools.partial(seconds, T, norms, dtype, None, g) for g in [None, *groups(C)]}
     code = inspect.getsource(stats_kernel) + inspect.getsource(grouped)
-    use_group[key] = fastest("spec_norm_group", (key, code), candidates, f"layer norm's stats kernel ({T} rows x {C}), group")
+    name = f"layer norm's stats kernel ({T} rows x {C}), group"
+    use_group[key] = fastest("spec_norm_group", (key, code), candidates, name)
   return use_group.get(key)
