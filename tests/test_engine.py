@@ -217,9 +217,10 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
 
 @pytest.mark.backend
 def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
-  """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the lanes kernel,
-  every layer's attention the attention kernels and every layer norm the norm kernel: the logits of a plain forward
-  and of captured steps (a decode and a 5-token verify pass) are the numpy GPT-2's."""
+  """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the matvec kernel
+  (a device with work-groups) or the lanes kernel, every layer's attention the attention kernels and every layer norm
+  a norm kernel (the stats kernel at 5 rows where it fits): the logits of a plain forward and of captured steps (a
+  decode and a 5-token verify pass) are the numpy GPT-2's."""
   everywhere(monkeypatch)
   monkeypatch.setenv("SPEC_STEP_CACHE", "")                       # steps captured here, none loaded
   weights = random_weights(TINY, seed=1)
@@ -231,9 +232,11 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   five = [model(seq[5:10], 5).numpy() for _ in range(2)][-1]
   one = [model(seq[10:], 10).numpy() for _ in range(2)][-1]
   assert_close(np.concatenate([five, one]), expected[5:])
-  assert {"lanes_5_96_32", "lanes_1_32_32", "lanes_1_128_32", "lanes_5_32_128", "lanes_1_64_32"} <= lanes_programs()
+  names = {p.arg.name for p in to_program_cache.values()}
+  linear = lambda T, N, C: f"{'matvec' if matvec.fits(N, C) else 'lanes'}_{T}_{N}_{C}"
+  assert {linear(5, 96, 32), linear(1, 32, 32), linear(1, 128, 32), linear(5, 32, 128), linear(1, 64, 32)} <= names
   assert {"scores_5_2_16", "values_5_2_16", "scores_1_2_16", "values_1_2_16"} <= attention_programs()
-  assert {"norm_5_32", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
+  assert {"stats_5_32" if norm.groups(32) else "norm_5_32", "norm_1_32"} <= names
 
 @pytest.mark.long
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
