@@ -72,6 +72,8 @@ def everywhere():
     def __init__(self, fits): super().__init__(); self.fits = fits
     def get(self, key, default=None): return self.fits(key)
   lanes.use_lanes, attention.use_kernels = Fits(lambda k: lanes.fits(*k[1:3])), Fits(lambda k: attention.fits(k[3]))
+  # the chunked attention for passes of several rows where it fits, the two kernels for one: both rendered
+  attention.use_chunks = Fits(lambda k: k[0] > 1 and attention.chunks_fit(k[3]))
   matvec.use_matvec = Fits(lambda k: matvec.fits(*k[1:3]) and matvec.options(*k[1:3])[0] or None)
   norm.use_kernel = Fits(lambda k: True)
   # the stats kernel for passes of several rows where it fits, the row kernel for one: both rendered

@@ -96,13 +96,14 @@ def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   return (probs / probs.sum(-1, keepdims=True) @ values).transpose(1, 0, 2).reshape(T, C3 // 3)
 
-def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_"))}
+def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_", "chunks_", "combine_"))}
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_attention_kernels_compute_attention(T):
-  """attention.py's kernels and the port's formula both compute causal attention over the cache, for every width a step
-  may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at the first positions and deep in the cache, with the position a
+  """attention.py's kernels, its chunked kernels (a candidate on devices with work-groups only, but they run anywhere)
+  and the port's formula compute causal attention over the cache, for every width a step may run (rows in chunks: 9 =
+  3 x 3, 16 = 2 x 8), at the first positions and deep in the cache (chunks empty, short and clamped), with the position a
   bound variable (a captured step: one compile for every position), an expression of one (a draft's later steps run at
   start_pos + 1, ...) or a Python int (an eager pass: at 0, T = 1 is a range of one position)."""
   rng = np.random.default_rng(T)
@@ -110,16 +111,16 @@ def test_attention_kernels_compute_attention(T):
   qkv, cache = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, 3 * H * D), (2, 1, H, P, D)))
   attn = layer(H, P, D, cache)
   start_pos, earlier_pos = UOp.variable("start_pos", 0, P - T), UOp.variable("start_pos", 0, P - T - 2)
-  for kernels in (True, False):
-    step = TinyJit(lambda qkv, pos: attention.attend(attn, qkv, pos, kernels).realize())
-    later = TinyJit(lambda qkv, pos: attention.attend(attn, qkv, pos + 2, kernels).realize())
+  for way in ({"use": True}, {"use": False}, {"chunks": True}):
+    step = TinyJit(lambda qkv, pos: attention.attend(attn, qkv, pos, **way).realize())
+    later = TinyJit(lambda qkv, pos: attention.attend(attn, qkv, pos + 2, **way).realize())
     for start in (0, 2, P - T - 7, P - T):
       expected = np_attention(qkv.float().numpy().astype(np.float64), cache.float().numpy().astype(np.float64), start)
       results = [step(qkv, start_pos.bind(start))] + ([later(qkv, earlier_pos.bind(start - 2))] if start >= 2 else [])
-      for got in results + ([attention.attend(attn, qkv, start, kernels)] if start == 0 else []):
+      for got in results + ([attention.attend(attn, qkv, start, **way)] if start == 0 else []):
         assert got.shape == (1, T, H * D) and got.dtype == qkv.dtype
-        assert np.abs(got.float().numpy()[0] - expected).max() / np.abs(expected).max() < tolerance(), (kernels, start)
-  assert {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} <= attention_programs()
+        assert np.abs(got.float().numpy()[0] - expected).max() / np.abs(expected).max() < tolerance(), (way, start)
+  assert {f"{k}_{T}_{H}_{D}" for k in ("scores", "values", "chunks", "combine")} <= attention_programs()
 
 def test_attention_choose_measures_once_per_machine(monkeypatch, disk):
   """attention.choose() times its kernels and tinygrad's broadcasts over the caches given, keeps the faster, and asks
@@ -135,6 +136,21 @@ def test_attention_choose_measures_once_per_machine(monkeypatch, disk):
   assert attention.choose(5, [layer(4, 128, 30)], dtypes.float32) is False and len(timed) == 2
   monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, kernels: 2.0 if kernels else 1.0)
   assert attention.choose(1, caches, dtypes.float32) is False and attention.use_kernels[(1, 4, 128, 64, dtypes.float32)] is False
+
+def test_attention_choose_chunks_measures_against_what_choose_left(monkeypatch, disk):
+  """attention.choose_chunks() times the chunked kernels and what choose() left (use None), keeps the faster, once per
+  machine; where they are no candidate (no work-groups, a head dimension the kernels do not split) it measures nothing."""
+  timed = []
+  monkeypatch.setattr(attention, "use_chunks", {})
+  monkeypatch.setattr(attention, "chunks_fit", lambda D: D % 4 == 0)
+  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, use, chunks: timed.append((T, use, chunks)) or (1.0 if chunks else 2.0))
+  caches = [layer(4, 128, 64) for _ in range(2)]
+  assert attention.choose_chunks(5, caches, dtypes.float32) is True and timed == [(5, None, True), (5, None, False)]
+  monkeypatch.setattr(attention, "use_chunks", {})
+  assert attention.choose_chunks(5, caches, dtypes.float32) is True and len(timed) == 2, "measured again"
+  assert attention.choose_chunks(5, [layer(4, 128, 30)], dtypes.float32) is False and len(timed) == 2
+  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, use, chunks: 2.0 if chunks else 1.0)
+  assert attention.choose_chunks(1, caches, dtypes.float32) is False and attention.use_chunks[(1, 4, 128, 64, dtypes.float32)] is False
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, pytest.param(5, marks=pytest.mark.gpu), 16])
@@ -235,7 +251,8 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   names = {p.arg.name for p in to_program_cache.values()}
   linear = lambda T, N, C: f"{'matvec' if matvec.fits(N, C) else 'lanes'}_{T}_{N}_{C}"
   assert {linear(5, 96, 32), linear(1, 32, 32), linear(1, 128, 32), linear(5, 32, 128), linear(1, 64, 32)} <= names
-  assert {"scores_5_2_16", "values_5_2_16", "scores_1_2_16", "values_1_2_16"} <= attention_programs()
+  five = ["chunks_5_2_16", "combine_5_2_16"] if attention.chunks_fit(16) else ["values_5_2_16"]
+  assert {"scores_5_2_16", *five, "scores_1_2_16", "values_1_2_16"} <= attention_programs()
   assert {"stats_5_32" if norm.groups(32) else "norm_5_32", "norm_1_32"} <= names
 
 @pytest.mark.long
@@ -361,7 +378,7 @@ def test_a_matvec_option_that_cannot_run_drops_out_with_one_line(monkeypatch, ca
   assert len(lines) == 1 and "matvec kernel" in lines[0] and "(8, 2)" in lines[0] and "too many resources" in lines[0]
 
 # a gpt2 decode (float16, CUDA sm_90): the kernels it launches, engine and plain; more is a regression, fewer a new pin
-DECODE_KERNELS = {"engine": 214, "plain": 202}
+DECODE_KERNELS = {"engine": 202, "plain": 202}
 
 def test_a_gpt2_decode_launches_its_pinned_kernel_count(tmp_path):
   """tests/gpu_profile.py's capture of gpt2's decode on tinygrad's NULL device for CUDA sm_90 (NVRTC from pip's
@@ -390,6 +407,7 @@ def everywhere(monkeypatch):
   monkeypatch.setattr(lanes, "use_lanes", Fits(lambda key: lanes.fits(*key[1:3])))
   monkeypatch.setattr(matvec, "use_matvec", Fits(lambda key: matvec.fits(*key[1:3]) and matvec.options(*key[1:3])[0] or None))
   monkeypatch.setattr(attention, "use_kernels", Fits(lambda key: attention.fits(key[3])))
+  monkeypatch.setattr(attention, "use_chunks", Fits(lambda key: key[0] > 1 and attention.chunks_fit(key[3])))
   monkeypatch.setattr(norm, "use_kernel", Fits(lambda key: True))
   # the stats kernel for passes of several rows where it fits, the row kernel for one: both run
   monkeypatch.setattr(norm, "use_group", Fits(lambda key: key[0] > 1 and (norm.groups(key[1]) or [None])[0] or None))

@@ -54,6 +54,7 @@ def choose_kernels(model:GPT2, widths) -> None:
         lanes.choose(T, weights, model.dtype)
         matvec.choose(T, weights, biases, model.dtype)   # against what lanes chose
       attention.choose(T, [b.attn for b in model.h], model.dtype)
+      attention.choose_chunks(T, [b.attn for b in model.h], model.dtype)   # against what attention.choose() chose
       norms = [ln for b in model.h for ln in (b.ln_1, b.ln_2)] + [model.ln_f]
       norm.choose(T, norms, model.dtype)
       norm.choose_group(T, norms, model.dtype)   # against what norm.choose() chose
@@ -84,10 +85,13 @@ class Step:
 @contextlib.contextmanager
 def formulas():
   """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
-  saved = lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel, norm.use_group
-  lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel, norm.use_group = {}, {}, {}, {}, {}
+  tables = [(lanes, "use_lanes"), (matvec, "use_matvec"), (attention, "use_kernels"), (attention, "use_chunks"),
+            (norm, "use_kernel"), (norm, "use_group")]
+  saved = [getattr(module, name) for module, name in tables]
+  for module, name in tables: setattr(module, name, {})
   try: yield
-  finally: lanes.use_lanes, matvec.use_matvec, attention.use_kernels, norm.use_kernel, norm.use_group = saved
+  finally:
+    for (module, name), table in zip(tables, saved): setattr(module, name, table)
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):
