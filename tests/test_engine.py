@@ -421,7 +421,9 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   module, fn = {"lanes": (lanes, "lanes_kernel"), "attention": (attention, "scores_kernel"), "norm": (norm, "norm_kernel")}[kernel]
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
   monkeypatch.setattr(module, fn, broken)
-  for table, name in ((lanes, "use_lanes"), (attention, "use_kernels"), (norm, "use_kernel")): monkeypatch.setattr(table, name, {})
+  tables = ((lanes, "use_lanes"), (matvec, "use_matvec"), (attention, "use_kernels"), (attention, "use_chunks"),
+            (norm, "use_kernel"), (norm, "use_group"))
+  for table, name in tables: monkeypatch.setattr(table, name, {})   # earlier tests' choices: measured here afresh
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)
   seq = [int(t) for t in np.random.default_rng(4).integers(0, 64, 6)]
