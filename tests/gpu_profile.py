@@ -33,8 +33,8 @@ import models, spec                             # noqa: E402
 from models import engine                       # noqa: E402
 from models.engine import attention, lanes, matvec, measure, norm   # noqa: E402
 
-BANDWIDTH = 3.35e12   # bytes/s: the H100 SXM's HBM3 as sold (a device copy measured 3.01e12 on 2026-11-27)
-LAUNCH = 2.0e-6       # s a kernel in a CUDA graph: 1.2-2.7 µs measured on an H100 (docs/backends.md, 2026-11-27)
+BANDWIDTH = 3.35e12   # bytes/s: the H100 SXM's HBM3 as sold
+LAUNCH = 2.0e-6       # s a kernel in a CUDA graph on an H100, within what docs/backends.md measured
 LATENCY = 0.2e-6      # s a load is in flight: fitted to tinygrad's matmuls measured on an H100 (docs/backends.md)
 RESIDENT = 132 * 2048   # threads an H100 holds at once: 132 SMs x 2048
 CONTEXT = 256         # cached positions: the start position bound in every pass

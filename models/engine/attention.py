@@ -10,11 +10,11 @@ sum apart, then combine_kernel()), as measured (choose_chunks()).
 """
 from __future__ import annotations
 import functools, inspect, math
-from tinygrad import Tensor, UOp, Device, dtypes
+from tinygrad import Tensor, UOp, dtypes
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.gpt2 import Attention
 from models.engine.lanes import rows
-from models.engine.measure import captured_seconds, faster
+from models.engine.measure import captured_seconds, faster, work_groups
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
 CHUNKS = 32   # parts of the cached positions whose softmax and weighted sum chunks_kernel() takes apart
@@ -119,7 +119,7 @@ def fits(D:int) -> bool: return D % 4 == 0 and D % SPLIT == 0
 
 def chunks_fit(D:int) -> bool:
   """The chunked kernels are a candidate where the device has work-groups (a GPU; not tinygrad's CPU backend)."""
-  return fits(D) and Device[Device.DEFAULT].renderer.has_local
+  return fits(D) and work_groups()
 
 def attend(attn:Attention, qkv:Tensor, start_pos:int|UOp, use:bool|None=None, chunks:bool|None=None) -> Tensor:
   """formula(attn, qkv, start_pos) by the chunked kernels, the kernels or tinygrad's; use and chunks None: as

@@ -11,11 +11,11 @@ shape, width and dtype on the device (choose()).
 """
 from __future__ import annotations
 import functools, inspect, math
-from tinygrad import Tensor, UOp, Device, dtypes
+from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.engine import lanes
-from models.engine.measure import captured_seconds, fastest
+from models.engine.measure import captured_seconds, fastest, group_sizes, work_groups
 
 GROUPS, OUTPUTS, VECTOR = (32, 64, 128), (1, 2, 4), 4   # the options measured (near these); the weights a load reads
 # (T, N, C, x dtype, weight dtype, bias) -> (group, outputs) where the kernel runs: what choose() measured
@@ -42,13 +42,11 @@ def matvec_kernel(out:UOp, x:UOp, w:UOp, *b:UOp, group:int, outputs:int) -> UOp:
 
 def options(N:int, C:int) -> list[tuple[int, int]]:
   """The (group, outputs) that fit: groups of threads near GROUPS share C's vectors evenly, outputs divide N."""
-  divisors = [d for d in range(8, 257) if C % (VECTOR * d) == 0]
-  groups = sorted({min(divisors, key=lambda d: abs(d - g)) for g in GROUPS}) if divisors else []
+  groups = group_sizes(C // VECTOR, GROUPS, 256) if C % VECTOR == 0 else []
   return [(g, o) for g in groups for o in OUTPUTS if N % o == 0]
 def fits(N:int, C:int) -> bool:
   """A device with work-groups and shared memory (a GPU; not tinygrad's CPU backend) and a shape options() fits."""
-  renderer = Device[Device.DEFAULT].renderer
-  return renderer.has_local and renderer.has_shared and bool(options(N, C))
+  return work_groups() and bool(options(N, C))
 
 def linear(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, kernel:tuple[int, int]|None=None) -> Tensor:
   """formula(x, w, b, dtype): by the kernel with options kernel (group, outputs), else as choose() measured, else as
@@ -56,7 +54,9 @@ def linear(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, kernel:tuple[int,
   *B, C = x.shape
   T, N = math.prod(B), w.shape[0]
   kernel = kernel or use_matvec.get((T, N, C, x.dtype, w.dtype, b is not None))
-  if kernel is None: return lanes.linear(x, w, dtype) if b is None else lanes.linear(x, w, dtype) + b
+  if kernel is None:
+    y = lanes.linear(x, w, dtype)
+    return y if b is None else y + b
   out = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
   fxn = functools.partial(matvec_kernel, group=kernel[0], outputs=kernel[1])
   return out.custom_kernel(x.reshape(T, C), w, *([] if b is None else [b]), fxn=fxn)[0].reshape(*B, N)

@@ -33,6 +33,17 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str):
       print(f"spec: the {name} {key} cannot run on {Device.DEFAULT} ({why})", file=sys.stderr, flush=True)
   return diskcache_put(kind, disk, (min(costs, key=costs.get) if costs else None,))[0]
 
+def work_groups() -> bool:
+  """Whether the device runs work-groups with shared memory (GPUs, OpenCL; not tinygrad's CPU backend): where the
+  engine's GPU kernels are candidates."""
+  renderer = Device[Device.DEFAULT].renderer
+  return renderer.has_local and renderer.has_shared
+
+def group_sizes(steps:int, near:tuple[int, ...], most:int) -> list[int]:
+  """Work-group sizes to measure: for each of near, the divisor of steps in 8..most closest to it."""
+  divisors = [d for d in range(8, most + 1) if steps % d == 0]
+  return sorted({min(divisors, key=lambda d: abs(d - g)) for g in near}) if divisors else []
+
 def machine_key(*what) -> str:
   """A disk-cache key for a measurement on this machine: tinygrad's version, the device, its compiler target, and
   what."""

@@ -8,10 +8,9 @@ of its two sums 16 threads), chosen by measurement among work-group sizes (choos
 from __future__ import annotations
 import functools, inspect, math
 from tinygrad import Tensor, UOp, dtypes, nn
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from tinygrad import Device
 from tinygrad.codegen.opt import Opt, OptOps
-from models.engine.measure import captured_seconds, faster, fastest
+from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+from models.engine.measure import captured_seconds, faster, fastest, group_sizes, work_groups
 
 GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
 # (T, C, dtype) -> run the kernel here: what choose() measured on this device
@@ -49,18 +48,16 @@ def stats_kernel(out:UOp, x:UOp, group:int) -> UOp:
 
 def groups(C:int) -> list[int]:
   """Work-group sizes near GROUPS that share a row's vectors evenly; none where the device has no work-groups."""
-  renderer = Device[Device.DEFAULT].renderer
-  divisors = [d for d in range(8, 513) if C % (VECTOR * d) == 0] if renderer.has_local and renderer.has_shared else []
-  return sorted({min(divisors, key=lambda d: abs(d - g)) for g in GROUPS}) if divisors else []
+  return group_sizes(C // VECTOR, GROUPS, 512) if work_groups() and C % VECTOR == 0 else []
 
 def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   """formula() from stats_kernel()'s sums: mean = x[0] + S1 / C, variance = S2 / C - (S1 / C)^2."""
   *B, C = x.shape
   rows = x.reshape(math.prod(B), C)
   out = Tensor.empty(rows.shape[0], 2, dtype=dtypes.float32, device=x.device)
-  sums = out.custom_kernel(rows, fxn=functools.partial(stats_kernel, group=group))[0] / C
-  shift = sums[:, :1]
-  mean, var = rows[:, :1].float() + shift, sums[:, 1:] - shift * shift
+  moments = out.custom_kernel(rows, fxn=functools.partial(stats_kernel, group=group))[0] / C
+  d_mean = moments[:, :1]   # the mean of x - x[0]
+  mean, var = rows[:, :1].float() + d_mean, moments[:, 1:] - d_mean * d_mean
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
 
 def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, kernel:bool|None=None, group:int|None=None) -> Tensor:
