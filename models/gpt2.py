@@ -60,13 +60,13 @@ class Attention:
 
   def attend(self, qkv:Tensor, start_pos:int|UOp) -> Tensor:
     """softmax(q k^T / sqrt(D) + causal mask) v for the block's T queries over the cache's start_pos+T keys: (B, T, C).
-    Scores and softmax in float32. q.k is written as a product summed over D, not a matmul: tinygrad indexes a
-    transposed view of the cache's symbolic length through a division per element."""
+    Scores (their products too) and softmax in float32. q.k is written as a product summed over D, not a matmul:
+    tinygrad indexes a transposed view of the cache's symbolic length through a division per element."""
     B, T, _ = qkv.shape
     H, D, S = self.n_head, self.head_dim, start_pos + T
     q = qkv.reshape(B, T, 3, H, D)[:, :, 0].transpose(1, 2)                                    # (B, H, T, D)
     keys, values = self.cache_kv[0, :, :, :S], self.cache_kv[1, :, :, :S]                       # (B, H, S, D)
-    scores = (q.unsqueeze(-2) * keys.unsqueeze(-3)).sum(-1, dtype=dtypes.float32) / math.sqrt(D)  # (B, H, T, S)
+    scores = (q.float().unsqueeze(-2) * keys.float().unsqueeze(-3)).sum(-1) / math.sqrt(D)        # (B, H, T, S)
     # causal: only the block's own T x T corner is masked (a triu over all S columns is an arange of symbolic length)
     if T > 1: scores = scores + Tensor.full((1, 1, T, T), -math.inf).triu(1).pad((None, None, None, (start_pos, 0)))
     probs = scores.softmax(-1).cast(qkv.dtype)                                                  # (B, H, T, S)
@@ -79,10 +79,14 @@ class MLP:
 
   def __call__(self, x:Tensor) -> Tensor: return self.c_proj(self.c_fc(x).gelu())  # tanh GELU, GPT-2's gelu_new
 
+class LayerNorm(nn.LayerNorm):
+  """nn.LayerNorm with its statistics in float32, cast back: in half, (x - mean)^2 overflows past 256, and GPT-2's
+  residual stream carries values in the thousands ("massive activations"): the variance was inf and the row zeroed."""
+  def __call__(self, x:Tensor) -> Tensor: return super().__call__(x.float()).cast(x.dtype)
+
 class Block:
   def __init__(self, cfg:GPT2Config, dtype:DType):
-    self.ln_1 = nn.LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon)
-    self.ln_2 = nn.LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon)
+    self.ln_1, self.ln_2 = LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon), LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon)
     self.attn, self.mlp = Attention(cfg, dtype), MLP(cfg)
 
   def __call__(self, x:Tensor, start_pos:int|UOp) -> Tensor:
@@ -95,7 +99,7 @@ class GPT2:
     # wte has padded_vocab rows: the ones past vocab_size are zero, never looked up, and their logits dropped
     self.wte, self.wpe = nn.Embedding(cfg.padded_vocab, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
     self.h = [Block(cfg, dtype) for _ in range(cfg.n_layer)]
-    self.ln_f = nn.LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon)
+    self.ln_f = LayerNorm(cfg.n_embd, cfg.layer_norm_epsilon)
     for name, t in get_state_dict(self).items():
       if "cache_kv" not in name: t.replace(t.cast(dtype))                  # weights, and so activations, in dtype
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)    # the JIT's symbolic start position

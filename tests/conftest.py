@@ -21,7 +21,7 @@ atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True
 # happens to touch an unmapped page (tests/kernel_bounds.py, README Tests)
 os.environ.setdefault("CHECK_OOB", "1")
 import models  # noqa: E402
-from self_check import write_safetensors  # noqa: E402
+from self_check import chi2_sf, np_gpt2_logits, write_safetensors  # noqa: E402,F401
 
 PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
            "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
@@ -106,42 +106,3 @@ def tiny_dir(tmp_path_factory):
   write_checkpoint(root / "draft", TINY, noisy)
   write_checkpoint(root / "other", TINY, random_weights(TINY, seed=3))
   return root
-
-# ***** GPT-2 in numpy, from its definition (Radford et al. 2019; the Hugging Face Conv1D layout) *****
-
-def np_gpt2_logits(w:dict[str, np.ndarray], n_head:int, tokens:list[int], eps:float=1e-5) -> np.ndarray:
-  w = {k: v.astype(np.float64) for k, v in w.items()}
-  def layer_norm(x, g, b): return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * g + b
-  def gelu(x): return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-  T = len(tokens)
-  x = w["wte.weight"][tokens] + w["wpe.weight"][:T]
-  n_layer = sum(1 for k in w if k.endswith("ln_1.weight"))
-  for i in range(n_layer):
-    g = lambda name: w[f"h.{i}.{name}"]
-    h = layer_norm(x, g("ln_1.weight"), g("ln_1.bias")) @ g("attn.c_attn.weight") + g("attn.c_attn.bias")
-    q, k, v = (a.reshape(T, n_head, -1).transpose(1, 0, 2) for a in np.split(h, 3, axis=-1))
-    att = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + np.triu(np.full((T, T), -np.inf), 1)
-    att = np.exp(att - att.max(-1, keepdims=True)); att /= att.sum(-1, keepdims=True)
-    x = x + (att @ v).transpose(1, 0, 2).reshape(T, -1) @ g("attn.c_proj.weight") + g("attn.c_proj.bias")
-    h = gelu(layer_norm(x, g("ln_2.weight"), g("ln_2.bias")) @ g("mlp.c_fc.weight") + g("mlp.c_fc.bias"))
-    x = x + h @ g("mlp.c_proj.weight") + g("mlp.c_proj.bias")
-  return layer_norm(x, w["ln_f.weight"], w["ln_f.bias"]) @ w["wte.weight"].T
-
-def chi2_sf(x:float, k:int) -> float:
-  """P(chi2_k > x): the regularized upper incomplete gamma Q(k/2, x/2) (series or continued fraction)."""
-  a, x = k / 2, x / 2
-  if x <= 0: return 1.0
-  front = math.exp(-x + a * math.log(x) - math.lgamma(a))
-  if x < a + 1:
-    term = total = 1 / a
-    for n in range(1, 1000):
-      term *= x / (a + n); total += term
-      if term < total * 1e-15: break
-    return 1 - front * total
-  b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
-  h = d
-  for i in range(1, 1000):
-    an, b = -i * (i - a), b + 2
-    d = 1 / (an * d + b or 1e-300); c = b + an / c or 1e-300; h *= d * c
-    if abs(d * c - 1) < 1e-15: break
-  return front * h

@@ -9,6 +9,8 @@ On tiny random models made on the spot (nothing downloaded), on tinygrad's devic
   - greedy identity: speculative sampling at K 1 and 4 (both rules at 4) emits the target alone's greedy tokens;
   - a chi-square test of 300 sampled tokens against the target's exact distribution over 8 tokens, its power against
     the draft's distribution stated, and its negative control (the draft's tokens must fail it);
+  - GPT-2's massive activations (a residual value of 3000) through a pass, against the float64 definition: in half,
+    a layer norm that squared them overflowed and zeroed the row;
 the model checks with the engine and with --plain. One line per check: what, its figure, PASS or FAIL. Exit 1 on any
 failure.
 """
@@ -23,10 +25,10 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)
 # hundred draws tell distributions apart: few enough rounds for a device emulated in Python
 IID = dict(n_layer=1, n_head=1, n_embd=8, vocab_size=8, n_positions=1024)
 
-def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise:float=0.0, cfg:dict=TINY) -> str:
-  """A random GPT-2 of shape cfg in the Hugging Face layout; noise: seed's model plus that much of another's, a draft
-  that agrees with it often, not always. constant: ln_f's weight 0, so every position's logits are ln_f.bias @ wte.T:
-  the next token does not depend on the context, and sampled tokens are independent draws."""
+def random_gpt2(seed:int, cfg:dict=TINY, noise:float=0.0, constant:bool=False) -> dict[str, np.ndarray]:
+  """Random GPT-2 weights of shape cfg in the Hugging Face layout; noise: seed's model plus that much of another's, a
+  draft that agrees with it often, not always. constant: ln_f's weight 0, so every position's logits are ln_f.bias @
+  wte.T: the next token does not depend on the context, and sampled tokens are independent draws."""
   rng, C, V = np.random.default_rng(seed), cfg["n_embd"], cfg["vocab_size"]
   w = lambda *shape: (rng.standard_normal(shape) * 0.3).astype(np.float32)
   weights = {"wte.weight": w(V, C), "wpe.weight": w(cfg["n_positions"], C), "ln_f.weight": 1 + w(C), "ln_f.bias": w(C)}
@@ -38,6 +40,12 @@ def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise
   if noise: weights = {k: v + noise * np.random.default_rng(seed + 100).standard_normal(v.shape).astype(np.float32)
                        for k, v in weights.items()}
   if constant: weights["ln_f.weight"][:], weights["ln_f.bias"][:] = 0, rng.standard_normal(C)
+  return weights
+
+def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise:float=0.0, cfg:dict=TINY,
+               weights:dict|None=None) -> str:
+  """random_gpt2(seed, cfg, noise, constant), or weights, written as a checkpoint directory named name."""
+  weights = random_gpt2(seed, cfg, noise, constant) if weights is None else weights
   (path := root / name).mkdir()
   (path / "config.json").write_text(str({"activation_function": "gelu_new", **cfg}).replace("'", '"'))
   write_safetensors(path / "model.safetensors", weights)
@@ -53,6 +61,26 @@ def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
     offset += len(b); blobs.append(b)
   h = json.dumps(header).encode()
   fn.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+# ***** GPT-2 in numpy, from its definition (Radford et al. 2019; the Hugging Face Conv1D layout) *****
+
+def np_gpt2_logits(w:dict[str, np.ndarray], n_head:int, tokens:list[int], eps:float=1e-5) -> np.ndarray:
+  w = {k: v.astype(np.float64) for k, v in w.items()}
+  def layer_norm(x, g, b): return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * g + b
+  def gelu(x): return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+  T = len(tokens)
+  x = w["wte.weight"][tokens] + w["wpe.weight"][:T]
+  n_layer = sum(1 for k in w if k.endswith("ln_1.weight"))
+  for i in range(n_layer):
+    g = lambda name: w[f"h.{i}.{name}"]
+    h = layer_norm(x, g("ln_1.weight"), g("ln_1.bias")) @ g("attn.c_attn.weight") + g("attn.c_attn.bias")
+    q, k, v = (a.reshape(T, n_head, -1).transpose(1, 0, 2) for a in np.split(h, 3, axis=-1))
+    att = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + np.triu(np.full((T, T), -np.inf), 1)
+    att = np.exp(att - att.max(-1, keepdims=True)); att /= att.sum(-1, keepdims=True)
+    x = x + (att @ v).transpose(1, 0, 2).reshape(T, -1) @ g("attn.c_proj.weight") + g("attn.c_proj.bias")
+    h = gelu(layer_norm(x, g("ln_2.weight"), g("ln_2.bias")) @ g("mlp.c_fc.weight") + g("mlp.c_fc.bias"))
+    x = x + h @ g("mlp.c_proj.weight") + g("mlp.c_proj.bias")
+  return layer_norm(x, w["ln_f.weight"], w["ln_f.bias"]) @ w["wte.weight"].T
 
 # ***** whole rounds, enumerated *****
 
@@ -277,6 +305,29 @@ def sampling_checks(report, target, draft, label:str, n:int=300, rule:str="block
   control = test(spec.autoregressive_generate(draft, [0], n, spec.Sampling(1.0), seed=11, eos=None)[0])
   report(f"chi-square's negative control, the draft's {n} tokens, {label}", f"p {control:.1e} (< 1e-3)", control < 1e-3)
 
+MASSIVE = 3000.0   # a residual value real GPT-2 checkpoints reach (Sun et al. 2024); squared in half it overflows
+
+def massive_weights(seed:int) -> dict[str, np.ndarray]:
+  """TINY's random weights with MASSIVE in one dimension of position 0's embedding and of layer 0's MLP output (its
+  c_proj bias: every position of layer 1 and ln_f): the "massive activations" of GPT-2's residual stream."""
+  weights = random_gpt2(seed)
+  weights["wpe.weight"][0, 5] = weights["h.0.mlp.c_proj.bias"][7] = MASSIVE
+  return weights
+
+def log_probs(logits:np.ndarray) -> np.ndarray:
+  logits = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+  return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+def massive_check(report, model, weights:dict, label:str, tokens=(3, 17, 42, 9)) -> None:
+  """The model's log-probabilities at each position within 0.1 of the float64 definition's, the same argmax: a layer
+  norm that squares in half zeroes these rows (float16 on a GPU)."""
+  got = log_probs(model.forward(Tensor([list(tokens)], dtype=dtypes.int32), 0).numpy())
+  expected = log_probs(np_gpt2_logits(weights, TINY["n_head"], list(tokens)))
+  error, agree = float(np.abs(got - expected).max()), int((got.argmax(-1) == expected.argmax(-1)).sum())
+  report(f"massive activations ({MASSIVE:g} at position 0 and out of layer 0's MLP), {label}",
+         f"log-probability error {error:.1e} (<= 0.1), argmax {agree} of {len(tokens)}",
+         error <= 0.1 and agree == len(tokens))
+
 def iid_pair(root:pathlib.Path) -> list[str]:
   """The chi-square's target and draft, whose distributions overlap by 0.80 (the draft's acceptance)."""
   return [checkpoint(root, name, seed, constant=True, cfg=IID) for name, seed in (("target-iid", 3), ("draft-iid", 4))]
@@ -296,11 +347,13 @@ def run(dtype:str="float32") -> int:
     with tempfile.TemporaryDirectory() as d:
       root = pathlib.Path(d)
       paths = [checkpoint(root, "target", 1), checkpoint(root, "draft", 1, noise=0.1)] + iid_pair(root)
+      paths.append(checkpoint(root, "massive", 5, weights=(massive := massive_weights(5))))
       for plain in (False, True):
         label = "plain" if plain else "engine"
-        target, draft, target_iid, draft_iid = (models.load(p, dtype, plain=plain) for p in paths)
+        target, draft, target_iid, draft_iid, target_massive = (models.load(p, dtype, plain=plain) for p in paths)
         greedy_checks(report, target, draft, label)
         sampling_checks(report, target_iid, draft_iid, label)
+        massive_check(report, target_massive, massive, label)
   finally:
     if saved is None: del os.environ["SPEC_STEP_CACHE"]
     else: os.environ["SPEC_STEP_CACHE"] = saved

@@ -1,6 +1,6 @@
 """The layer norm of a step's few rows as one kernel, where tinygrad computes it in three (mean, variance, normalize).
 
-Replaces nn.LayerNorm (formula()). On a CPU a small model's pass costs more per kernel than per byte, and the two norms
+Replaces the port's LayerNorm (formula()). On a CPU a small model's pass costs more per kernel than per byte, and the two norms
 of a layer were a third of its kernels. One work-item per row loops over it three times. For wide prefills and on GPUs
 a work-item per row loses: there a work-group per row sums it in one kernel (stats_kernel(); a GPU's tinygrad gave each
 of its two sums 16 threads), chosen by measurement among work-group sizes (choose_group()).
@@ -19,8 +19,8 @@ use_kernel: dict[tuple, bool] = {}
 use_group: dict[tuple, int|None] = {}
 
 def formula(x:Tensor, w:Tensor, b:Tensor, eps:float) -> Tensor:
-  """What the kernel replaces: nn.LayerNorm over x's last axis."""
-  return x.layernorm(eps=eps) * w + b
+  """What the kernel replaces: the port's LayerNorm over x's last axis, its statistics in float32 (models/gpt2.py)."""
+  return (x.float().layernorm(eps=eps) * w + b).cast(x.dtype)
 
 def norm_kernel(out:UOp, x:UOp, w:UOp, b:UOp, eps:float) -> UOp:
   """out[t] = (x[t] - mean x[t]) / sqrt(var x[t] + eps) * w + b for each row of x (T, C), float32 inside: a work-item
@@ -57,7 +57,8 @@ def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   out = Tensor.empty(rows.shape[0], 2, dtype=dtypes.float32, device=x.device)
   moments = out.custom_kernel(rows, fxn=functools.partial(stats_kernel, group=group))[0] / C
   d_mean = moments[:, :1]   # the mean of x - x[0]
-  mean, var = rows[:, :1].float() + d_mean, moments[:, 1:] - d_mean * d_mean
+  # the variance as a difference of float32 sums can round below 0
+  mean, var = rows[:, :1].float() + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
 
 def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, kernel:bool|None=None, group:int|None=None) -> Tensor:
@@ -72,7 +73,7 @@ def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, kernel:bool|None=None, g
   return out.custom_kernel(x.reshape(T, C), w, b, fxn=functools.partial(norm_kernel, eps=eps))[0].reshape(x.shape)
 
 class LayerNorm:
-  """An nn.LayerNorm (the same weight and bias, the same state names) computed by layer_norm()."""
+  """The port's LayerNorm (the same weight and bias, the same state names) computed by layer_norm()."""
   def __init__(self, plain:nn.LayerNorm): self.weight, self.bias, self.eps = plain.weight, plain.bias, plain.eps
   def __call__(self, x:Tensor) -> Tensor: return layer_norm(x, self.weight, self.bias, self.eps)
 
