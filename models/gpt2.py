@@ -52,11 +52,15 @@ class Attention:
     self.cache_kv = Tensor.zeros(2, 1, self.n_head, cfg.n_positions, self.head_dim, dtype=dtype).contiguous().realize()
 
   def __call__(self, x:Tensor, start_pos:int|UOp) -> Tensor:
-    B, T, C = x.shape
     qkv = self.c_attn(x)                                                                        # (B, T, 3C)
+    self.store(qkv, start_pos)
+    return self.c_proj(self.attend(qkv, start_pos))
+
+  def store(self, qkv:Tensor, start_pos:int|UOp) -> None:
+    """The block's keys and values into the KV cache at its positions."""
+    B, T, _ = qkv.shape
     k, v = qkv.reshape(B, T, 3, self.n_head, self.head_dim)[:, :, 1:].permute(2, 0, 3, 1, 4)    # 2 x (B, H, T, D)
     self.cache_kv[:, :, :, start_pos:start_pos+T].assign(Tensor.stack(k, v))                   # (2, B, H, P, D)
-    return self.c_proj(self.attend(qkv, start_pos))
 
   def attend(self, qkv:Tensor, start_pos:int|UOp) -> Tensor:
     """softmax(q k^T / sqrt(D) + causal mask) v for the block's T queries over the cache's start_pos+T keys: (B, T, C).

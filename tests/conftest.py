@@ -2,7 +2,7 @@
 
 The device is tinygrad's, chosen by DEV as for users; --dtype float16 runs the models in half precision (CI runs the
 tests marked `backend` on a second device, in both dtypes)."""
-import atexit, json, math, os, pathlib, shutil, struct, sys, tempfile
+import atexit, json, os, pathlib, shutil, struct, sys, tempfile
 import numpy as np
 import pytest
 

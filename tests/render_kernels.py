@@ -41,7 +41,6 @@ from tinygrad.codegen import to_program
 from tinygrad.uop.ops import Ops, AddrSpace
 import models, spec
 from models import engine
-from models.engine import attention, lanes, matvec, norm
 import kernel_bounds
 
 def render_only():
@@ -65,20 +64,6 @@ def targets(ptx:bool) -> dict[str, object]:
   return out
 
 asts, record = kernel_bounds.asts, kernel_bounds.record   # every kernel's AST, by its key, as the paths compile them
-
-def everywhere():
-  """The engine's kernels wherever they fit: NULL runs nothing, so its timings choose nothing."""
-  class Fits(dict):
-    def __init__(self, fits): super().__init__(); self.fits = fits
-    def get(self, key, default=None): return self.fits(key)
-  lanes.use_lanes, attention.use_kernels = Fits(lambda k: lanes.fits(*k[1:3])), Fits(lambda k: attention.fits(k[3]))
-  # the chunked attention for passes of several rows where it fits, the two kernels for one: both rendered
-  attention.use_chunks = Fits(lambda k: k[0] > 1 and attention.chunks_fit(k[3]))
-  matvec.use_matvec = Fits(lambda k: matvec.fits(*k[1:3]) and matvec.options(*k[1:3])[0] or None)
-  norm.use_kernel = Fits(lambda k: True)
-  # the stats kernel for passes of several rows where it fits, the row kernel for one: both rendered
-  norm.use_group = Fits(lambda k: k[0] > 1 and (norm.groups(k[1]) or [None])[0] or None)
-  engine.choose_kernels = lambda model, widths: None
 
 SHAPES = {"tiny": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=256), "gpt2": None}
 
@@ -124,9 +109,9 @@ def launch_problems(prg) -> list[str]:
 
 def render(shape:str, dtype:str, lookaheads:list[int]) -> int:
   """The paths of one shape and dtype, then every kernel for every target: the number of failures."""
-  record(); everywhere()
+  record()
   print(f"spec's paths on {Device.DEFAULT} ({Device[Device.DEFAULT].renderer.target}):", flush=True)
-  run_paths(dtype, lookaheads, [shape])
+  with engine.everywhere(): run_paths(dtype, lookaheads, [shape])
   failed = 0
   for name, renderer in targets(ptx=shape == "tiny").items():
     t0, bad = time.perf_counter(), []

@@ -1,6 +1,6 @@
 """The engine (models/engine/): each kernel against the formula it replaces, measured choices, the replay graph, the
 stored steps, the fallback where a kernel cannot run, and the engine against the port alone (plain)."""
-import json, os, pathlib, subprocess, sys
+import json, os, pathlib, subprocess, sys, types
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
@@ -9,7 +9,7 @@ from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models, spec
 from models import GPT2, GPT2Config, engine
-from models.engine import attention, lanes, matvec, measure, norm, replay, store
+from models.engine import attention, lanes, linear, matvec, measure, norm, replay, store
 from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -64,99 +64,147 @@ def test_lanes_kernel_computes_the_matmul(T):
     x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
     expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
     for out in (None, dtypes.float32):
-      got = lanes.linear(x, w, out, lanes=True)
+      got = lanes.linear(x, w, out)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance()
     assert f"lanes_{T}_{N}_{C}" in lanes_programs()
   assert not lanes.fits(98, 32) and not lanes.fits(96, 48) and lanes.fits(96, 64) and not lanes.fits(100, 64)
 
-def test_choose_measures_once_per_machine(monkeypatch, disk):
-  """choose() times both kernels on the weights given, keeps the faster, and asks tinygrad's disk cache first: a second
-  process (an empty use_lanes) measures nothing. Shapes the lanes kernel does not fit are never measured."""
+def outputs(value:float): return [np.full((2, 3), value, np.float32)]
+
+def test_fastest_measures_once_per_machine(disk, capfd):
+  """measure.fastest() runs every candidate, keeps the fastest of those whose outputs agree with the first's (tinygrad's
+  kernels), and caches it on disk: a second process (the same disk) measures nothing, and says nothing."""
   timed = []
-  monkeypatch.setattr(lanes, "use_lanes", {})
-  monkeypatch.setattr(lanes, "seconds", lambda x, weights, lanes: timed.append((x.shape, lanes)) or (1.0 if lanes else 2.0))
-  weights = [Tensor.empty(64, 32) for _ in range(3)]
-  assert lanes.choose(3, weights, dtypes.float32) is True and timed == [((3, 32), True), ((3, 32), False)]
-  assert lanes.use_lanes == {(3, 64, 32, dtypes.float32, dtypes.float32): True}
-  monkeypatch.setattr(lanes, "use_lanes", {})
-  assert lanes.choose(3, weights, dtypes.float32) is True and len(timed) == 2, "measured again"
-  assert lanes.choose(3, [Tensor.empty(66, 32)], dtypes.float32) is False and len(timed) == 2
-  monkeypatch.setattr(lanes, "seconds", lambda x, weights, lanes: 2.0 if lanes else 1.0)
-  assert lanes.choose(5, weights, dtypes.float32) is False and lanes.use_lanes[(5, 64, 32, dtypes.float32, dtypes.float32)] is False
+  def candidate(key, seconds, value=1.0): return lambda: timed.append(key) or (seconds, outputs(value))
+  candidates = {None: candidate(None, 2.0), "a": candidate("a", 1.0, 1.00001), "b": candidate("b", 1.5)}
+  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and timed == [None, "a", "b"]
+  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and len(timed) == 3
+  assert capfd.readouterr().err == "" and list(disk.values()) == [("a",)]
+
+def test_a_fast_candidate_with_other_values_never_wins(disk, capfd):
+  """A candidate whose outputs differ from tinygrad's by more than the dtype's tolerance (or are not finite where
+  tinygrad's are) drops out however fast, with one line naming it and the error; nothing is cached, so the next
+  process measures again. Within the tolerance (half: 1e-2 of the largest value) a candidate counts as agreeing."""
+  candidates = {None: lambda: (2.0, outputs(1.0)), "wrong": lambda: (0.1, outputs(1.5)), "nan": lambda: (0.1, outputs(np.nan)),
+                "right": lambda: (1.0, outputs(1.0))}
+  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "right" and disk == {}
+  lines = capfd.readouterr().err.splitlines()
+  assert len(lines) == 2 and all("test kernel" in l and "computes other values" in l for l in lines)
+  assert "wrong" in lines[0] and "5.0e-01" in lines[0] and "nan" in lines[1] and "inf" in lines[1]
+  half = {None: lambda: (2.0, outputs(1.0)), "close": lambda: (1.0, outputs(1.005))}
+  assert measure.fastest("spec_test", ("h",), half, "test kernel", dtypes.float16) == "close"
+  assert measure.fastest("spec_test", ("f",), half, "test kernel", dtypes.float32) is None
+
+def test_a_candidate_that_cannot_run_drops_out_and_nothing_is_cached(disk, capfd):
+  """A candidate that fails to compile or run drops out with one line naming it and the error; the fastest of the
+  rest is used, and nothing is cached, so a transient failure (or a device error that makes every later candidate
+  fail) does not fix the choice for good: the next process measures again and says so again."""
+  runs = []
+  def broken(): runs.append("broken"); raise RuntimeError("too many resources requested for launch")
+  candidates = {None: lambda: (2.0, outputs(1.0)), (8, 2): broken, (8, 1): lambda: (1.0, outputs(1.0))}
+  for _ in range(2):
+    assert measure.fastest("spec_test", ("k",), candidates, "matvec kernel", dtypes.float32) == (8, 1)
+    lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
+    assert len(lines) == 1 and "matvec kernel (8, 2)" in lines[0] and "too many resources" in lines[0]
+  assert runs == ["broken", "broken"] and disk == {}
+
+def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
+  """Options of one family after its first are timed only while the first is within measure.PRUNE of the fastest so
+  far: the matvec kernel's options on a device where it loses (a CPU's OpenCL) cost one measurement, not six."""
+  timed = []
+  def candidate(key, seconds): return lambda: timed.append(key) or (seconds, outputs(1.0))
+  family = lambda key: "m" if isinstance(key, tuple) else None
+  slow = {None: candidate(None, 1.0), "lanes": candidate("lanes", 0.5), (1,): candidate((1,), 2.0), (2,): candidate((2,), 0.1)}
+  assert measure.fastest("spec_test", ("slow",), slow, "test", dtypes.float32, family) == "lanes" and timed == [None, "lanes", (1,)]
+  close = {None: candidate(None, 1.0), (1,): candidate((1,), 1.2), (2,): candidate((2,), 0.9)}
+  assert measure.fastest("spec_test", ("close",), close, "test", dtypes.float32, family) == (2,) and timed[3:] == [None, (1,), (2,)]
+
+def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
+  """linear.choose() times tinygrad's matmul, the lanes kernel where it fits and the matvec kernel's options where the
+  device has work-groups, over enough of the weights (measure.enough(): the first to reach MEASURE_BYTES, or all) on
+  random rows, and keeps the fastest; a second process reads the disk."""
+  monkeypatch.setattr(linear, "use", {})
+  monkeypatch.setattr(matvec, "fits", lambda N, C: True)
+  monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
+  costs, timed = {None: 2.0, "lanes": 1.5, (64, 1): 1.0, (32, 1): 0.5}, []
+  monkeypatch.setattr(linear, "apply", lambda x, w, b=None, way=None: timed.append((way, x.shape)) or x)
+  monkeypatch.setattr(linear, "captured", lambda fn, x: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
+  monkeypatch.setattr(measure, "MEASURE_BYTES", 24 * 32 * 4 * 2)
+  weights, biases = [Tensor.empty(24, 32)] * 3, [Tensor.empty(24)] * 3
+  assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1)
+  assert timed == [(way, (3, 32)) for way in costs for _ in range(2)], "not the two first weights, or not every way"
+  monkeypatch.setattr(linear, "use", {})
+  assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1) and len(timed) == 8, "measured again"
+  assert linear.ways(1, 24, 32)[:2] == [None, "lanes"] and "lanes" not in linear.ways(1, 24, 30)
 
 def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
-  """Causal attention of rows start..start+T-1 over the cache's first start+T positions, in float64: (T, C)."""
+  """Causal attention of rows start..start+T-1 over the cache's first start positions and the block's own keys and
+  values (qkv's), in float64: (T, C)."""
   _, T, C3 = qkv.shape
   _, _, H, _, D = cache.shape
-  q = qkv[0, :, :C3 // 3].reshape(T, H, D).transpose(1, 0, 2)                        # (H, T, D)
-  keys, values = cache[0, 0, :, :start + T], cache[1, 0, :, :start + T]             # (H, S, D)
+  q, k, v = (qkv[0, :, i * C3 // 3:(i + 1) * C3 // 3].reshape(T, H, D).transpose(1, 0, 2) for i in range(3))  # (H, T, D)
+  keys, values = np.concatenate([cache[0, 0, :, :start], k], 1), np.concatenate([cache[1, 0, :, :start], v], 1)
   scores = q @ keys.transpose(0, 2, 1) / np.sqrt(D)                                 # (H, T, S)
   scores[:, np.arange(T)[:, None] < np.arange(start + T)[None, :] - start] = -np.inf
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   return (probs / probs.sum(-1, keepdims=True) @ values).transpose(1, 0, 2).reshape(T, C3 // 3)
 
-def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_", "chunks_", "combine_"))}
+def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_", "wide_scores_", "chunks_", "combine_"))}
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_attention_kernels_compute_attention(T):
-  """attention.py's kernels, its chunked kernels (a candidate on devices with work-groups only, but they run anywhere)
-  and the port's formula compute causal attention over the cache, for every width a step may run (rows in chunks: 9 =
-  3 x 3, 16 = 2 x 8), at the first positions and deep in the cache (chunks empty, short and clamped), with the position a
-  bound variable (a captured step: one compile for every position), an expression of one (a draft's later steps run at
-  start_pos + 1, ...) or a Python int (an eager pass: at 0, T = 1 is a range of one position)."""
+  """Every way of attention.apply() (tinygrad's, the CPU design's kernels and, where the device has work-groups, the GPU
+  design at each chunk length) writes the block's keys and values into the cache and computes causal attention over
+  it, for every width a step may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at the first positions and deep in the
+  cache (chunks empty, short and clamped), with the position a bound variable (a captured step: one compile for every
+  position), an expression of one (a draft's later steps run at start_pos + 1, ...) or a Python int (an eager pass: at
+  0, T = 1 is a range of one position)."""
   rng = np.random.default_rng(T)
-  H, P, D = 3, 64, 32
-  qkv, cache = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, 3 * H * D), (2, 1, H, P, D)))
-  attn = layer(H, P, D, cache)
+  H, P, D = 3, 96, 32
+  qkv = Tensor(rng.standard_normal((1, T, 3 * H * D)).astype(np.float32)).cast(dtype()).realize()
+  block = qkv.float().numpy()[0, :, H * D:].reshape(T, 2, H, D).transpose(1, 2, 0, 3)   # (2, H, T, D): k, v
   start_pos, earlier_pos = UOp.variable("start_pos", 0, P - T), UOp.variable("start_pos", 0, P - T - 2)
-  for way in ({"use": True}, {"use": False}, {"chunks": True}):
-    step = TinyJit(lambda qkv, pos: attention.attend(attn, qkv, pos, **way).realize())
-    later = TinyJit(lambda qkv, pos: attention.attend(attn, qkv, pos + 2, **way).realize())
+  for way in attention.ways(D):
+    attn = layer(H, P, D, Tensor(rng.standard_normal((2, 1, H, P, D)).astype(np.float32)).cast(dtype()).realize())
+    step = TinyJit(lambda qkv, pos: attention.apply(attn, qkv, pos, way).realize())
+    later = TinyJit(lambda qkv, pos: attention.apply(attn, qkv, pos + 2, way).realize())
     for start in (0, 2, P - T - 7, P - T):
-      expected = np_attention(qkv.float().numpy().astype(np.float64), cache.float().numpy().astype(np.float64), start)
+      before = attn.cache_kv.float().numpy().astype(np.float64)
+      expected = np_attention(qkv.float().numpy().astype(np.float64), before, start)
       results = [step(qkv, start_pos.bind(start))] + ([later(qkv, earlier_pos.bind(start - 2))] if start >= 2 else [])
-      for got in results + ([attention.attend(attn, qkv, start, **way)] if start == 0 else []):
+      for got in results + ([attention.apply(attn, qkv, start, way)] if start == 0 else []):
         assert got.shape == (1, T, H * D) and got.dtype == qkv.dtype
         assert np.abs(got.float().numpy()[0] - expected).max() / np.abs(expected).max() < tolerance(), (way, start)
-  assert {f"{k}_{T}_{H}_{D}" for k in ("scores", "values", "chunks", "combine")} <= attention_programs()
+      after = attn.cache_kv.float().numpy()
+      np.testing.assert_array_equal(after[:, 0, :, start:start + T], block, err_msg=f"{way}: the block's keys and values")
+      np.testing.assert_array_equal(np.delete(after, np.s_[start:start + T], 3), np.delete(before, np.s_[start:start + T], 3))
+  names = {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} | ({f"{k}_{T}_{H}_{D}" for k in ("wide_scores", "chunks", "combine")}
+                                                           if measure.work_groups() else set())
+  assert names <= attention_programs() and (len(attention.ways(D)) == 4) == measure.work_groups()
 
-def test_attention_choose_measures_once_per_machine(monkeypatch, disk):
-  """attention.choose() times its kernels and tinygrad's broadcasts over the caches given, keeps the faster, and asks
-  tinygrad's disk cache first; a head dimension the kernels do not split is never measured."""
-  timed = []
-  monkeypatch.setattr(attention, "use_kernels", {})
-  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, kernels: timed.append((T, kernels)) or (1.0 if kernels else 2.0))
-  caches = [layer(4, 128, 64) for _ in range(2)]
-  assert attention.choose(5, caches, dtypes.float32) is True and timed == [(5, True), (5, False)]
-  assert attention.use_kernels == {(5, 4, 128, 64, dtypes.float32): True}
-  monkeypatch.setattr(attention, "use_kernels", {})
-  assert attention.choose(5, caches, dtypes.float32) is True and len(timed) == 2, "measured again"
-  assert attention.choose(5, [layer(4, 128, 30)], dtypes.float32) is False and len(timed) == 2
-  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, kernels: 2.0 if kernels else 1.0)
-  assert attention.choose(1, caches, dtypes.float32) is False and attention.use_kernels[(1, 4, 128, 64, dtypes.float32)] is False
-
-def test_attention_choose_chunks_measures_against_what_choose_left(monkeypatch, disk):
-  """attention.choose_chunks() times the chunked kernels and what choose() left (use None), keeps the faster, once per
-  machine; where they are no candidate (no work-groups, a head dimension the kernels do not split) it measures nothing."""
-  timed = []
-  monkeypatch.setattr(attention, "use_chunks", {})
-  monkeypatch.setattr(attention, "chunks_fit", lambda D: D % 4 == 0)
-  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, use, chunks: timed.append((T, use, chunks)) or (1.0 if chunks else 2.0))
-  caches = [layer(4, 128, 64) for _ in range(2)]
-  assert attention.choose_chunks(5, caches, dtypes.float32) is True and timed == [(5, None, True), (5, None, False)]
-  monkeypatch.setattr(attention, "use_chunks", {})
-  assert attention.choose_chunks(5, caches, dtypes.float32) is True and len(timed) == 2, "measured again"
-  assert attention.choose_chunks(5, [layer(4, 128, 30)], dtypes.float32) is False and len(timed) == 2
-  monkeypatch.setattr(attention, "seconds", lambda T, caches, dtype, use, chunks: 2.0 if chunks else 1.0)
-  assert attention.choose_chunks(1, caches, dtypes.float32) is False and attention.use_chunks[(1, 4, 128, 64, dtypes.float32)] is False
+def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
+  """attention.choose() times every way that fits over some of the layers (on caches of their own: the model's stay as
+  they are) at a short and a long context, and keeps the fastest; a second process reads the disk."""
+  monkeypatch.setattr(attention, "use", {})
+  monkeypatch.setattr(attention, "ways", lambda D: [None, "kernels", 32])
+  costs, timed = {None: 2.0, "kernels": 1.5, 32: 1.0}, []
+  layers = [layer(2, 128, 16) for _ in range(10)]
+  caches = [a.cache_kv for a in layers]
+  ways = iter(w for w in costs for _ in range(2))
+  monkeypatch.setattr(attention, "captured", lambda fn, qkv, pos: timed.append((next(ways), pos.unbind()[1], qkv.shape)) or (costs[timed[-1][0]], [np.ones(3)]))
+  assert attention.choose(3, layers, dtypes.float32) == 32
+  assert timed == [(w, p, (1, 3, 96)) for w in costs for p in (8, 96)]
+  assert [a.cache_kv for a in layers] == caches, "the model's caches were replaced"
+  monkeypatch.setattr(attention, "use", {})
+  assert attention.choose(3, layers, dtypes.float32) == 32 and len(timed) == 6, "measured again"
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, pytest.param(5, marks=pytest.mark.gpu), 16])
 def test_norm_kernel_computes_layer_norm(T):
-  """norm.py's kernels (a work-item per row; where the device has work-groups, the stats kernel with each work-group
-  size measured) and tinygrad's compute nn.LayerNorm over each row, for every width a step may run, in the suite's
+  """Every way of norm.layer_norm() (tinygrad's, the row kernel, and where the device has work-groups the stats kernel
+  at each work-group size) computes the port's LayerNorm over each row, for every width a step may run, in the suite's
   dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel)."""
   rng = np.random.default_rng(T)
   for C in (32, 768):
@@ -164,43 +212,26 @@ def test_norm_kernel_computes_layer_norm(T):
     w, b = (Tensor(rng.standard_normal(C).astype(np.float32)).cast(dtype()).realize() for _ in range(2))
     xs = x.float().numpy().astype(np.float64)
     expected = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-5) * w.float().numpy() + b.float().numpy()
-    for way in ({"kernel": True}, {"kernel": False}, *({"group": g} for g in norm.groups(C))):
-      got = norm.layer_norm(x, w, b, 1e-5, **way)
+    for way in norm.ways(C):
+      got = norm.layer_norm(x, w, b, 1e-5, way)
       assert got.shape == x.shape and got.dtype == x.dtype
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, way)
     names = {p.arg.name for p in to_program_cache.values()}
     assert f"norm_{T}_{C}" in names and (f"stats_{T}_{C}" in names) == bool(norm.groups(C))
     assert bool(norm.groups(C)) == Device[Device.DEFAULT].renderer.has_local
 
-def test_norm_choose_measures_once_per_machine(monkeypatch, disk):
-  """norm.choose() times its kernel and tinygrad's over the norms given, keeps the faster, and asks tinygrad's disk cache
-  first: a second process (an empty use_kernel) measures nothing."""
-  timed = []
-  monkeypatch.setattr(norm, "use_kernel", {})
-  monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel: timed.append((T, kernel)) or (1.0 if kernel else 2.0))
-  norms = [norm.LayerNorm(nn.LayerNorm(48)) for _ in range(3)]
-  assert norm.choose(5, norms, dtypes.float32) is True and timed == [(5, True), (5, False)]
-  assert norm.use_kernel == {(5, 48, dtypes.float32): True}
-  monkeypatch.setattr(norm, "use_kernel", {})
-  assert norm.choose(5, norms, dtypes.float32) is True and len(timed) == 2, "measured again"
-  monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel: 2.0 if kernel else 1.0)
-  assert norm.choose(1, norms, dtypes.float32) is False and norm.use_kernel[(1, 48, dtypes.float32)] is False
-
-def test_norm_choose_group_measures_every_size_against_what_choose_left(monkeypatch, disk):
-  """norm.choose_group() times what choose() left (None) and the stats kernel at each work-group size, keeps the
-  fastest (None where nothing beats it), once per machine; where the device has no work-groups it measures nothing."""
-  monkeypatch.setattr(norm, "use_group", {})
+def test_norm_choose_measures_every_way(monkeypatch, disk):
+  """norm.choose() times every way that fits over the norms given on random rows and keeps the fastest; a second
+  process reads the disk."""
+  monkeypatch.setattr(norm, "use", {})
   monkeypatch.setattr(norm, "groups", lambda C: [32, 64])
-  costs, timed = {None: 2.0, 32: 1.0, 64: 1.5}, []
-  monkeypatch.setattr(norm, "seconds", lambda T, norms, dtype, kernel, group: timed.append((T, kernel, group)) or costs[group])
-  norms = [norm.LayerNorm(nn.LayerNorm(256)) for _ in range(2)]
-  assert norm.choose_group(3, norms, dtypes.float32) == 32 and timed == [(3, None, g) for g in costs]
-  monkeypatch.setattr(norm, "use_group", {})
-  assert norm.choose_group(3, norms, dtypes.float32) == 32 and len(timed) == 3, "measured again"
-  costs[None] = 0.5
-  assert norm.choose_group(1, norms, dtypes.float32) is None and norm.use_group == {(3, 256, dtypes.float32): 32, (1, 256, dtypes.float32): None}
-  monkeypatch.setattr(norm, "groups", lambda C: [])
-  assert norm.choose_group(2, norms, dtypes.float32) is None and len(timed) == 6 and (2, 256, dtypes.float32) not in norm.use_group
+  costs, timed = {None: 2.0, "row": 1.5, 32: 1.0, 64: 1.2}, []
+  ways = iter(costs)
+  monkeypatch.setattr(norm, "captured", lambda fn, x: timed.append((next(ways), x.shape)) or (costs[timed[-1][0]], [np.ones(3)]))
+  norms = [norm.LayerNorm(models.gpt2.LayerNorm(48)) for _ in range(3)]
+  assert norm.choose(5, norms, dtypes.float32) == 32 and timed == [(w, (5, 48)) for w in costs]
+  monkeypatch.setattr(norm, "use", {})
+  assert norm.choose(5, norms, dtypes.float32) == 32 and len(timed) == 4, "measured again"
 
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
   """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
@@ -217,70 +248,70 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
     def contiguous(self): return self
     def realize(self): return self
   monkeypatch.setattr(measure, "Tensor", Fake)
-  def seconds(cost): return lambda fn, x: timed.append(x.dtype) or cost[x.dtype]
-  monkeypatch.setattr(measure, "captured_seconds", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
+  def seconds(cost): return lambda fn, x: (timed.append(x.dtype) or cost[x.dtype], [])
+  monkeypatch.setattr(measure, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
   assert models.resolve_dtype("auto", plain=True) == dtypes.float32 and timed == []
   assert models.resolve_dtype("auto") == dtypes.half and timed == [dtypes.half, dtypes.float32]
   assert models.resolve_dtype("auto") == dtypes.half and len(timed) == 2, "measured again"
   assert models.resolve_dtype("float32") == dtypes.float32 and len(timed) == 2
   disk.clear()
-  monkeypatch.setattr(measure, "captured_seconds", seconds({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
+  monkeypatch.setattr(measure, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
   assert models.resolve_dtype("auto") == dtypes.float32
   disk.clear()
   monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32])
-  monkeypatch.setattr(measure, "captured_seconds", lambda *a: pytest.fail("measured a dtype the device does not have"))
+  monkeypatch.setattr(measure, "captured", lambda *a: pytest.fail("measured a dtype the device does not have"))
   assert models.resolve_dtype("auto") == dtypes.float32
 
 @pytest.mark.backend
 def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
-  """Where the choices pick this project's kernels, every linear layer and the lm_head of a pass run the matvec kernel
-  (a device with work-groups) or the lanes kernel, every layer's attention the attention kernels and every layer norm
-  a norm kernel (the stats kernel at 5 rows where it fits): the logits of a plain forward and of captured steps (a
-  decode and a 5-token verify pass) are the numpy GPT-2's."""
-  everywhere(monkeypatch)
+  """Where the choices pick this project's kernels (engine.everywhere(): for passes of several rows the work-group
+  kernels where the device has them, for one row the others), every linear layer and the lm_head of a pass run the
+  matvec kernel (with the layer norm, GELU or the residual add fused in) or the lanes kernel, every layer's attention
+  the GPU or the CPU design's kernels and every layer norm a norm kernel: the logits of a plain forward and of captured
+  steps (a decode and a 5-token verify pass) are the numpy GPT-2's."""
   monkeypatch.setenv("SPEC_STEP_CACHE", "")                       # steps captured here, none loaded
   weights = random_weights(TINY, seed=1)
-  model = load(tiny_dir / "target")
   seq = [int(t) for t in np.random.default_rng(9).integers(0, 64, 11)]
   expected = np_gpt2_logits(weights, TINY["n_head"], seq)
-  assert_close(logits(model, seq[:5]), expected[:5])
-  model.prefill(seq[:5])
-  five = [model(seq[5:10], 5).numpy() for _ in range(2)][-1]
-  one = [model(seq[10:], 10).numpy() for _ in range(2)][-1]
+  with engine.everywhere():
+    model = load(tiny_dir / "target")
+    assert_close(logits(model, seq[:5]), expected[:5])
+    model.prefill(seq[:5])
+    five = [model(seq[5:10], 5).numpy() for _ in range(2)][-1]
+    one = [model(seq[10:], 10).numpy() for _ in range(2)][-1]
   assert_close(np.concatenate([five, one]), expected[5:])
   names = {p.arg.name for p in to_program_cache.values()}
-  linear = lambda T, N, C: f"{'matvec' if matvec.fits(N, C) else 'lanes'}_{T}_{N}_{C}"
+  wide = measure.work_groups()
+  linear = lambda T, N, C: f"{'matvec' if wide and T > 1 else 'lanes'}_{T}_{N}_{C}"
   assert {linear(5, 96, 32), linear(1, 32, 32), linear(1, 128, 32), linear(5, 32, 128), linear(1, 64, 32)} <= names
-  five = ["chunks_5_2_16", "combine_5_2_16"] if attention.chunks_fit(16) else ["values_5_2_16"]
-  assert {"scores_5_2_16", *five, "scores_1_2_16", "values_1_2_16"} <= attention_programs()
-  assert {"stats_5_32" if norm.groups(32) else "norm_5_32", "norm_1_32"} <= names
+  five = ["wide_scores_5_2_16", "chunks_5_2_16", "combine_5_2_16"] if wide else ["scores_5_2_16", "values_5_2_16"]
+  assert {*five, "scores_1_2_16", "values_1_2_16"} <= attention_programs()
+  assert {"stats_5_32" if wide else "norm_5_32", "norm_1_32"} <= names
 
 @pytest.mark.long
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
   """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
-  measurement (models/engine/lanes.py, attention.py, norm.py) for its width and for one token, whatever the
+  measurement (models/engine/linear.py, attention.py, norm.py) for its width and for one token, whatever the
   search; with search > 0 its other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine
   searches a kernel once). A prefill chooses and searches nothing. The logits do not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
-  monkeypatch.setattr(lanes, "use_lanes", {})
-  monkeypatch.setattr(attention, "use_kernels", {})
-  monkeypatch.setattr(norm, "use_kernel", {})
+  for module in engine.TABLES: monkeypatch.setattr(module, "use", {})
   unsearched, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  assert beams == [] and lanes.use_lanes == attention.use_kernels == norm.use_kernel == {}, "a prefill searched or chose"
-  assert searched.jit(GPT2.forward, engine.STEP_WIDTH + 1).search == 0 and lanes.use_lanes == attention.use_kernels == norm.use_kernel == {}
+  chosen = lambda: [module.use for module in engine.TABLES]
+  assert beams == [] and chosen() == [{}, {}, {}], "a prefill searched or chose"
+  assert searched.jit(GPT2.forward, engine.STEP_WIDTH + 1).search == 0 and chosen() == [{}, {}, {}]
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
   assert beams and set(beams) == {1}
-  assert {(T, N, C) for T, N, C, *_ in lanes.use_lanes} == {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
-  assert set(attention.use_kernels) == {(1, 2, 256, 16, searched.dtype)} and set(norm.use_kernel) == {(1, 32, searched.dtype)}
+  assert {(T, N, C) for T, N, C, *_ in linear.use} == {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
+  assert set(attention.use) == {(1, 2, 256, 16, searched.dtype)} and set(norm.use) == {(1, 32, searched.dtype)}
   unsearched.prefill(seq[:-1])
   beams.clear()
   expected = unsearched(seq[-2:], len(seq) - 2).numpy()
-  assert beams == [] and {T for T, *_ in lanes.use_lanes} == {T for T, *_ in attention.use_kernels} == {T for T, *_ in norm.use_kernel} == {1, 2}, \
-    "search 0 searched, or did not choose"
+  assert beams == [] and [{T for T, *_ in table} for table in chosen()] == [{1, 2}] * 3, "search 0 searched, or did not choose"
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]
   assert beams and set(beams) == {1}
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),
@@ -321,136 +352,113 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
 @pytest.mark.backend
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 3, 16])
-def test_matvec_kernel_computes_the_formula(T, monkeypatch):
-  """The matvec kernel is x @ w.T + b (and x @ w.T in float32, the lm_head's) for every width a step may run, the
-  three widths together covering every option of each shape, where the device has work-groups (a GPU; CI's GPU suite,
-  DEV=PYTHON::sm_80). Where it has none (tinygrad's CPU backend) the kernel is no candidate: choose() measures nothing."""
-  rng, i = np.random.default_rng(T), [1, 3, 16].index(T)
-  for N, C in ((24, 32), (40, 256)):
-    x, w, b = (Tensor(rng.standard_normal(s).astype(np.float32)).cast(models.DTYPES[dtype()]).realize()
-                 for s in ((T, C), (N, C), (N,)))
-    expected = x.float().numpy() @ w.float().numpy().T
+def test_matvec_kernel_computes_the_formula(T):
+  """The matvec kernel is x @ w.T + b (and x @ w.T in float32, the lm_head's), and with what it fuses: the layer norm
+  before it (on rows with a mean far from 0 and, at one row, GPT-2's massive activations), GELU and the residual add
+  after it, for every width a step may run, the widths together covering every option of each shape, where the
+  device has work-groups (a GPU; CI's GPU suite, DEV=PYTHON::sm_80, in both dtypes). Where it has none (tinygrad's CPU
+  backend) the kernel is no candidate."""
+  rng = np.random.default_rng(T)
+  half = lambda a: Tensor(a.astype(np.float32)).cast(models.DTYPES[dtype()]).realize()
+  f64 = lambda t: t.float().numpy().astype(np.float64)
+  # 416: 104 vectors, padded for every group; not at 16 rows, which CUDA's emulator takes minutes over
+  for N, C, widths in ((24, 32, (1, 3, 16)), (40, 256, (1, 3, 16)), (48, 416, (1, 3))):
+    if T not in widths: continue
     if not matvec.fits(N, C):
-      assert not Device[Device.DEFAULT].renderer.has_local
-      monkeypatch.setattr(matvec, "seconds", lambda *a: pytest.fail("measured where it cannot run"))
-      assert matvec.choose(T, [w], [b], x.dtype) is None
+      assert not measure.work_groups() and not any(isinstance(w, tuple) for w in linear.ways(T, N, C))
       continue
-    for group, outputs in matvec.options(N, C)[i::3]:
-      got = matvec.linear(x, w, b, kernel=(group, outputs)).float().numpy()
-      assert np.abs(got - expected - b.float().numpy()).max() < tolerance() * np.abs(expected).max() + 1e-6
-      got = matvec.linear(x, w, dtype=dtypes.float32, kernel=(group, outputs)).numpy()
-      assert np.abs(got - expected).max() < tolerance() * np.abs(expected).max() + 1e-6
+    rows = rng.standard_normal((T, C)) * 3 + 20
+    if T == 1: rows[0, 7] = 3000
+    x, w, b, r, g, h = (half(a) for a in (rows, rng.standard_normal((N, C)) * 0.1, rng.standard_normal(N),
+                                          rng.standard_normal((T, N)), 1 + 0.1 * rng.standard_normal(C), 0.1 * rng.standard_normal(C)))
+    ln = types.SimpleNamespace(weight=g, bias=h, eps=1e-5)
+    X = f64(x)
+    Xn = (X - X.mean(-1, keepdims=True)) / np.sqrt(X.var(-1, keepdims=True) + 1e-5) * f64(g) + f64(h)
+    gelu = lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    cases = [({}, X @ f64(w).T + f64(b)), ({"dtype": dtypes.float32, "b": None}, X @ f64(w).T),
+             ({"ln": ln}, Xn @ f64(w).T + f64(b)), ({"ln": ln, "gelu": True}, gelu(Xn @ f64(w).T + f64(b))),
+             ({"residual": r}, X @ f64(w).T + f64(b) + f64(r))]
+    kernels = matvec.options(N, C)[widths.index(T)::len(widths)] or matvec.options(N, C)[:1]
+    for j, kernel in enumerate(kernels):   # every case with the first option, one each with the others: emulated, minutes
+      for kw, expected in cases if j == 0 else cases[j % len(cases):][:1]:
+        got = matvec.linear(x, w, **{"b": b, **kw}, kernel=kernel)
+        assert got.shape == (T, N) and got.dtype == kw.get("dtype", x.dtype)
+        assert np.abs(f64(got) - expected).max() < tolerance() * np.abs(expected).max(), (kernel, kw.keys())
     assert f"matvec_{T}_{N}_{C}" in {p.arg.name for p in to_program_cache.values()}
 
 def test_matvec_options_fit_the_shape():
-  """Work-groups near 32, 64 and 128 threads that share the reduction's 4-wide vectors evenly, outputs dividing N."""
-  assert matvec.options(4800, 1600) == [(g, o) for g in (25, 50, 100) for o in (1, 2, 4)]   # gpt2-xl: 400 vectors
-  assert matvec.options(2304, 768) == [(g, o) for g in (32, 64, 96) for o in (1, 2, 4)]
-  assert matvec.options(50257, 768) == [(32, 1), (64, 1), (96, 1)] and matvec.options(24, 30) == []
+  """Work-groups of 32, 64 and 128 threads that pad the row's 4-wide vectors by less than a third, outputs dividing N;
+  a row too short for them gets the largest power of two within it."""
+  assert matvec.options(4800, 1600) == list(matvec.OPTIONS)                           # gpt2-xl: 400 vectors, 416 .. 512
+  assert matvec.options(2304, 768) == [(64, 1), (32, 1), (64, 2), (32, 2)]             # gpt2: 192 vectors
+  assert matvec.options(50257, 768) == [(64, 1), (32, 1)] and matvec.options(24, 30) == []
+  assert matvec.options(96, 32) == [(8, 1)] and matvec.options(96, 16) == []
 
-def test_matvec_choose_measures_every_option_against_what_lanes_left(monkeypatch, disk):
-  """choose() times what lanes.py left (None) and every option, keeps the fastest (None where nothing beats it), once
-  per machine: a new process finds it in the disk cache."""
-  monkeypatch.setattr(matvec, "use_matvec", {})
-  monkeypatch.setattr(matvec, "fits", lambda N, C: True)
-  costs, timed = {None: 2.0, (8, 1): 3.0, (8, 2): 1.0, (8, 4): 1.5}, []
-  monkeypatch.setattr(matvec, "seconds", lambda x, ws, bs, o: timed.append((x.shape, o)) or costs[o])
-  weights, biases = [Tensor.empty(24, 32)] * 2, [Tensor.empty(24)] * 2
-  assert matvec.choose(3, weights, biases, dtypes.float32) == (8, 2)
-  key = (3, 24, 32, dtypes.float32, dtypes.float32, True)
-  assert timed == [((3, 32), o) for o in costs] and matvec.use_matvec == {key: (8, 2)}
-  monkeypatch.setattr(matvec, "use_matvec", {})
-  assert matvec.choose(3, weights, biases, dtypes.float32) == (8, 2) and len(timed) == 4, "measured again"
-  costs[None] = 0.5
-  assert matvec.choose(3, weights, None, dtypes.float32) is None and matvec.use_matvec[(*key[:5], False)] is None
+# a decode's kernels (float16, CUDA sm_90), engine and plain; more is a regression, fewer a new pin. The engine's: 7 a
+# layer (the four linear layers, the norms and GELU and the residual adds fused in; attention's scores, chunks and
+# their combination, which writes the cache) and 9 around them (embedding, ln_f, lm_head, greedy verification)
+DECODE_KERNELS = {"gpt2-xl": {"engine": 7 * 48 + 9, "plain": 778}, "gpt2": {"engine": 7 * 12 + 9, "plain": 202}}
 
-def test_a_matvec_option_that_cannot_run_drops_out_with_one_line(monkeypatch, capfd, disk):
-  """An option that fails to compile or run is not measured and not cached as a loss of the others: one line on stderr
-  names it and the error, and the fastest of the rest is kept; when all fail, what lanes.py left runs."""
-  monkeypatch.setattr(matvec, "use_matvec", {})
-  monkeypatch.setattr(matvec, "fits", lambda N, C: True)
-  def seconds(x, ws, bs, o):
-    if o == (8, 2): raise RuntimeError("too many resources requested for launch")
-    return {None: 2.0, (8, 1): 1.0, (8, 4): 1.5}[o]
-  monkeypatch.setattr(matvec, "seconds", seconds)
-  assert matvec.choose(1, [Tensor.empty(24, 32)], None, dtypes.float32) == (8, 1)
-  lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
-  assert len(lines) == 1 and "matvec kernel" in lines[0] and "(8, 2)" in lines[0] and "too many resources" in lines[0]
-
-# a gpt2 decode (float16, CUDA sm_90): the kernels it launches, engine and plain; more is a regression, fewer a new pin
-DECODE_KERNELS = {"engine": 202, "plain": 202}
-
-def test_a_gpt2_decode_launches_its_pinned_kernel_count(tmp_path):
-  """tests/gpu_profile.py's capture of gpt2's decode on tinygrad's NULL device for CUDA sm_90 (NVRTC from pip's
-  nvidia-cuda-nvrtc, which .ci/run installs): its kernel count pinned, and the engine's predicted time below the port's."""
+def test_a_decode_launches_its_pinned_kernel_count(tmp_path):
+  """tests/gpu_profile.py's capture of gpt2-xl's and gpt2's decodes on tinygrad's NULL device for CUDA sm_90 (NVRTC
+  from pip's nvidia-cuda-nvrtc, which .ci/run installs): their kernel counts pinned, and the engine's predicted time
+  below the port's."""
   try: import nvidia   # noqa: F401
   except ImportError:
     if os.environ.get("CI") == "true": pytest.fail("CI must have pip's nvidia-cuda-nvrtc")
     pytest.skip("NVIDIA's compiler from pip (nvidia-cuda-nvrtc) is not installed")
   root, out = pathlib.Path(__file__).resolve().parent.parent, tmp_path / "profile.json"
-  run = subprocess.run([sys.executable, str(root / "tests" / "gpu_profile.py"), "--models", "gpt2", "--widths", "1",
+  run = subprocess.run([sys.executable, str(root / "tests" / "gpu_profile.py"), "--models", *DECODE_KERNELS, "--widths", "1",
                         "--dtypes", "float16", "--json", str(out)], env={**os.environ, "DEV": "NULL:CUDA:sm_90"},
                        capture_output=True, text=True, cwd=root)
   assert run.returncode == 0, run.stderr[-2000:]
-  passes = {layer: p["1"] for layer, p in json.loads(out.read_text())["gpt2"]["float16"].items()}
-  assert {layer: p["kernels"] for layer, p in passes.items()} == DECODE_KERNELS
-  assert passes["engine"]["predicted_ms"] < passes["plain"]["predicted_ms"]
-  assert all(p["floor_ms"] == pytest.approx(p["weight_bytes"] / 3.35e12 * 1e3) for p in passes.values())
+  for name, pinned in DECODE_KERNELS.items():
+    passes = {layer: p["1"] for layer, p in json.loads(out.read_text())[name]["float16"].items()}
+    assert {layer: p["kernels"] for layer, p in passes.items()} == pinned, name
+    assert passes["engine"]["predicted_ms"] < passes["plain"]["predicted_ms"]
+    assert all(p["floor_ms"] == pytest.approx(p["weight_bytes"] / p["bandwidth"] * 1e3) for p in passes.values())
 
 # ***** the engine against the port alone *****
-
-def everywhere(monkeypatch):
-  """Every pass runs the engine's kernels wherever they fit, not where they measure faster; nothing is measured."""
-  class Fits(dict):
-    def __init__(self, fits): super().__init__(); self.fits = fits
-    def get(self, key, default=None): return self.fits(key)
-  monkeypatch.setattr(lanes, "use_lanes", Fits(lambda key: lanes.fits(*key[1:3])))
-  monkeypatch.setattr(matvec, "use_matvec", Fits(lambda key: matvec.fits(*key[1:3]) and matvec.options(*key[1:3])[0] or None))
-  monkeypatch.setattr(attention, "use_kernels", Fits(lambda key: attention.fits(key[3])))
-  monkeypatch.setattr(attention, "use_chunks", Fits(lambda key: key[0] > 1 and attention.chunks_fit(key[3])))
-  monkeypatch.setattr(norm, "use_kernel", Fits(lambda key: True))
-  # the stats kernel for passes of several rows where it fits, the row kernel for one: both run
-  monkeypatch.setattr(norm, "use_group", Fits(lambda key: key[0] > 1 and (norm.groups(key[1]) or [None])[0] or None))
-  monkeypatch.setattr(engine, "choose_kernels", lambda model, widths: None)
 
 @pytest.mark.backend
 @pytest.mark.parametrize("kernel", ["lanes", "attention", "norm"])
 def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch, capfd, disk, kernel):
-  """A kernel that fails to compile (here: its UOp graph raises as tinygrad builds it) loses its measurement: the pass
-  runs tinygrad's kernels, one line on stderr names the kernel and the error, and the logits are the port's."""
+  """A kernel that fails to compile (here: its UOp graph raises as tinygrad builds it) loses its measurement, and
+  nothing is cached: the pass runs the fastest of the rest, one line on stderr names the kernel and the error, and the
+  logits are the port's."""
   module, fn = {"lanes": (lanes, "lanes_kernel"), "attention": (attention, "scores_kernel"), "norm": (norm, "norm_kernel")}[kernel]
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
   monkeypatch.setattr(module, fn, broken)
-  tables = ((lanes, "use_lanes"), (matvec, "use_matvec"), (attention, "use_kernels"), (attention, "use_chunks"),
-            (norm, "use_kernel"), (norm, "use_group"))
-  for table, name in tables: monkeypatch.setattr(table, name, {})   # earlier tests' choices: measured here afresh
+  for table in engine.TABLES: monkeypatch.setattr(table, "use", {})   # earlier tests' choices: measured here afresh
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)
   seq = [int(t) for t in np.random.default_rng(4).integers(0, 64, 6)]
   for m in (model, plain): m.prefill(seq[:-1])
   got, expected = model(seq[-1:], 5).numpy(), plain(seq[-1:], 5).numpy()
   lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
-  assert lines and all("no such instruction on this device" in l and "tinygrad's kernels run instead" in l for l in lines)
-  assert all({"lanes": "lanes kernel", "attention": "attention kernels", "norm": "layer norm kernel"}[kernel] in l for l in lines)
-  table = {"lanes": lanes.use_lanes, "attention": attention.use_kernels, "norm": norm.use_kernel}[kernel]
-  assert table and not any(table.values()) and not disk.get(kernel), "a failure was taken as a measurement"
+  name, way, table = {"lanes": ("linear kernel", "lanes", linear), "attention": ("attention kernels", "kernels", attention),
+                      "norm": ("layer norm kernel", "row", norm)}[kernel]
+  assert lines and all("no such instruction on this device" in l and name in l and f" {way} " in l for l in lines)
+  assert table.use and way not in table.use.values()
+  assert not any(kind == f"spec_{'linear' if kernel == 'lanes' else kernel}" for kind, _ in disk), "a failure was cached"
   assert_close(got, expected)
 
 def test_plain_runs_the_port_on_tinygrad_alone(tiny_dir, tmp_path, monkeypatch):
   """plain=True: the port's own modules, tinygrad's TinyJit and executor (no replay graph), nothing measured, stored or
   loaded, and every kernel tinygrad's own."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
-  monkeypatch.setattr(measure, "faster", lambda *a: pytest.fail("measured under plain"))
+  for module in (linear, attention, norm): monkeypatch.setattr(module, "fastest", lambda *a, **kw: pytest.fail("measured under plain"))
   monkeypatch.setattr(measure, "half_pays", lambda: pytest.fail("measured under plain"))
   model = load(tiny_dir / "target", plain=True)
-  assert type(model.h[0].attn.c_attn) is nn.Linear and type(model.ln_f) is models.gpt2.LayerNorm and "attend" not in vars(model.h[0].attn)
+  assert type(model.h[0]) is models.gpt2.Block and type(model.h[0].attn.c_attn) is nn.Linear and type(model.ln_f) is models.gpt2.LayerNorm
   before = set(to_program_cache)
   spec.speculative_generate(model, load(tiny_dir / "draft", plain=True), [5, 6, 7], 2, 12, spec.Sampling(1.0), eos=None)
   assert all(type(step) is type(TinyJit(lambda: None)) for step in model.jits.values())
   calls = [call.src[0] for step in model.jits.values() if step.captured for call in step.captured.linear.src]
   assert calls and not any(c.op is Ops.CUSTOM_FUNCTION for c in calls) or Device[Device.DEFAULT].graph is not None
   names = {p.arg.name for k, p in to_program_cache.items() if k not in before}
-  assert names and not any(n.startswith(("lanes_", "scores_", "values_", "norm_")) for n in names)
+  assert names and not any(n.startswith(("lanes_", "matvec_", "scores_", "values_", "wide_scores_", "chunks_", "combine_",
+                                         "norm_", "stats_")) for n in names)
   assert list(tmp_path.iterdir()) == [], "a plain run stored a step"
 
 def generations(target, draft, prompt, Ks=(1, 4), n=40) -> list:
@@ -465,13 +473,15 @@ def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatc
   """With the engine's kernels wherever they fit (not only where they measure faster) and with plain=True, the same
   tokens: greedy, sampled at a fixed seed, filtered, the target alone; and a (K+1)-wide pass's logits within the
   dtype's tolerance (the kernels sum in another order)."""
-  everywhere(monkeypatch)
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
-  pairs = [(load(tiny_dir / "target", plain=p), load(tiny_dir / "draft", plain=p)) for p in (False, True)]
-  assert generations(*pairs[0], [5, 9, 2]) == generations(*pairs[1], [5, 9, 2])
-  block = [int(t) for t in np.random.default_rng(3).integers(0, 64, 5)]
-  assert_close(*[target(block, 0).numpy() for target, _ in pairs])
-  assert {"lanes_5_96_32", "scores_5_2_16", "norm_5_32"} <= {p.arg.name for p in to_program_cache.values()}
+  with engine.everywhere():
+    pairs = [(load(tiny_dir / "target", plain=p), load(tiny_dir / "draft", plain=p)) for p in (False, True)]
+    assert generations(*pairs[0], [5, 9, 2]) == generations(*pairs[1], [5, 9, 2])
+    block = [int(t) for t in np.random.default_rng(3).integers(0, 64, 5)]
+    assert_close(*[target(block, 0).numpy() for target, _ in pairs])
+  wide = measure.work_groups()
+  expected = {"matvec_5_96_32", "chunks_5_2_16", "stats_5_32"} if wide else {"lanes_5_96_32", "scores_5_2_16", "norm_5_32"}
+  assert expected | {"lanes_1_96_32", "scores_1_2_16", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
 
 @pytest.mark.backend
 @pytest.mark.long

@@ -11,7 +11,7 @@ import models
 from models.engine import norm
 from conftest import np_gpt2_logits, random_weights, write_checkpoint
 from self_check import MASSIVE, log_probs
-from test_engine import everywhere
+from models import engine
 
 pytestmark = pytest.mark.gpu
 CFG = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=64, n_positions=64)
@@ -38,20 +38,14 @@ def test_the_port_in_float16_keeps_massive_activations(tmp_path, where):
   assert_like_float64(models.load(str(path), "float16", plain=True), weights)
 
 def test_the_engine_in_float16_keeps_massive_activations(tmp_path, monkeypatch):
-  """The engine in float16, its kernels wherever they fit, each of its layer norms' ways forced in turn: tinygrad's
-  (formula()), the row kernel and, where the device has work-groups, the stats kernel."""
-  everywhere(monkeypatch)
+  """The engine in float16, its kernels wherever they fit (the matvec kernel, with the layer norm inside, where the
+  device has work-groups), each of its layer norms' ways forced in turn: tinygrad's (formula()), the row kernel and,
+  where the device has work-groups, the stats kernel."""
   path, weights = massive(tmp_path, "both")
-  groups = norm.groups(CFG["n_embd"])
-  ways = {"formula": ({}, {}), "row kernel": (Always(True), {})} | ({"stats kernel": ({}, Always(groups[0]))} if groups else {})
-  for name, (use_kernel, use_group) in ways.items():
-    monkeypatch.setattr(norm, "use_kernel", use_kernel)
-    monkeypatch.setattr(norm, "use_group", use_group)
-    assert_like_float64(models.load(str(path), "float16"), weights)
-
-class Always(dict):
-  def __init__(self, value): super().__init__(); self.value = value
-  def get(self, key, default=None): return self.value
+  with engine.everywhere():
+    for way in norm.ways(CFG["n_embd"]):
+      monkeypatch.setattr(norm, "use", engine.Ways(lambda key: way))
+      assert_like_float64(models.load(str(path), "float16"), weights)
 
 def test_the_layer_norms_in_float16_keep_massive_rows():
   """Each way of the engine's layer norm (and the port's) on rows in half with MASSIVE in one element, and on a
@@ -66,11 +60,11 @@ def test_the_layer_norms_in_float16_keep_massive_rows():
   half = lambda a: Tensor(a).cast(dtypes.half).realize()
   port = models.gpt2.LayerNorm(C)
   port.weight, port.bias = half(w), half(b)
-  ways = [{"kernel": False}, {"kernel": True}] + [{"group": g} for g in norm.groups(C)]
-  for got in [port(half(x))] + [norm.layer_norm(half(x), half(w), half(b), 1e-5, **way) for way in ways]:
+  ways = [("port", port(half(x)))] + [(v, norm.layer_norm(half(x), half(w), half(b), 1e-5, v)) for v in norm.ways(C)]
+  for way, got in ways:
     assert got.dtype == dtypes.half
     error = np.abs(got.float().numpy() - expected).max() / np.abs(expected).max()
-    assert error < 1e-2, (ways, error)
+    assert error < 1e-2, (way, error)
 
 def test_gelu_in_half_past_its_cubes_overflow():
   """GELU (tanh form) in half: x^3 overflows past |x| = 40.3, tanh(+-inf) is +-1, so the result is x and 0, its

@@ -12,13 +12,14 @@ def test_the_self_check_passes_and_says_what_it_checked():
   assert out.returncode == 0, out.stdout + out.stderr[-2000:]
   assert lines[0].startswith("spec self-check on ") and lines[-1].startswith("all checks passed")
   checks = [l for l in lines if l.startswith(("PASS", "FAIL"))]
-  assert len(checks) == 24 and all(l.startswith("PASS") for l in checks)
+  assert len(checks) == 26 and all(l.startswith("PASS") for l in checks)
   assert len(lines) == len(checks) + 2, lines                                   # the header, the checks, the summary
   chatter = [l for l in out.stderr.splitlines() if not l.startswith("spec: ")]   # spec's notices of a first run's work
   assert not chatter, chatter[:5]                                                # no compiler's '1 warning generated.'
   for words in ("round enumerated, block rule, one-hot draft", "round enumerated, token rule, sampled draft, T 0.8, top-k 2",
                 "float32 edge: uniforms strictly inside", "float32 edge: block rule: h = 1 where w = 1",
-                "greedy identity, K 4, token rule, plain", "chi-square's negative control", "chi-square, 300 tokens"):
+                "greedy identity, K 4, token rule, plain", "chi-square's negative control", "chi-square, 300 tokens",
+                "massive activations (3000 at position 0 and out of layer 0's MLP), engine"):
     assert any(words in l for l in checks), words
 
 def test_the_self_checks_first_lines_come_without_compiler_chatter():

@@ -1,34 +1,48 @@
 """The engine: what makes the port fast, applied to a loaded model from outside by apply(), and nothing without it.
 
-- lanes.py, matvec.py, attention.py, norm.py: one custom kernel each (the linear layers and lm_head on a CPU and on a
-  GPU, attention, the layer norms), with the formula it replaces, a check whether it fits, and a choice measured once
-  per machine; a kernel that fails to compile or run loses its measurement, and one line on stderr says which and why.
+- lanes.py, matvec.py, attention.py, norm.py: the custom kernels (the linear layers and lm_head on a CPU and on a GPU,
+  attention, the layer norms), each with the formula it replaces and a check whether it fits; linear.py, attention.py
+  and norm.py choose among them by measurement once per machine (measure.py): a kernel that fails to compile or run,
+  or computes other values than tinygrad's, loses, and one line on stderr says which and why.
+- Block: the port's block computed through them, each linear layer fused with the layer norm before it and GELU or
+  the residual add after it where the matvec kernel runs.
 - replay.py: a JIT graph for devices without one (CPU, OpenCL), used by the engine's steps only.
 - store.py: captured steps stored on disk and loaded by later processes.
 models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own kernels and executor. docs/engine.md.
 """
 from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
-from tinygrad import TinyJit, Device, Context, dtypes
+from tinygrad import Tensor, TinyJit, Device, Context
 from models.gpt2 import GPT2
-from models.engine import attention, lanes, matvec, norm, replay, store
+from models.engine import attention, linear, norm, replay, store
 from models.engine.measure import half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
 
 def apply(model:GPT2, search:int=0) -> GPT2:
-  """The one seam: model's linear layers, attention and layer norms computed by the engine's kernels where they measure
+  """The one seam: model's blocks, final layer norm and lm_head computed by the engine's kernels where they measure
   faster, and its JIT-compiled steps compiled through compile() (kernel choices, BEAM search of width search, the
   store, the replay graph). The state (weights, KV cache) and its names do not change."""
-  for block in model.h:
-    block.attn.c_attn, block.attn.c_proj = matvec.Linear(block.attn.c_attn), matvec.Linear(block.attn.c_proj)
-    block.mlp.c_fc, block.mlp.c_proj = matvec.Linear(block.mlp.c_fc), matvec.Linear(block.mlp.c_proj)
-    block.ln_1, block.ln_2 = norm.LayerNorm(block.ln_1), norm.LayerNorm(block.ln_2)
-    attention.install(block.attn)
+  model.h = [Block(block) for block in model.h]
   model.ln_f = norm.LayerNorm(model.ln_f)
-  model.lm_head = functools.partial(matvec.linear, w=model.wte.weight, dtype=dtypes.float32)
+  model.lm_head = functools.partial(linear.head, w=model.wte.weight)
   model.compile = functools.partial(compile, weakref.ref(model), search)
   return model
+
+class Block:
+  """The port's Block (the same modules, the same state names) computed by the engine: each linear layer by
+  linear.apply() with the layer norm before it and GELU or the residual add after it (one matvec kernel each where it
+  runs), attention, the cache's write with it, by attention.apply()."""
+  def __init__(self, plain): self.ln_1, self.attn, self.ln_2, self.mlp = plain.ln_1, plain.attn, plain.ln_2, plain.mlp
+
+  def __call__(self, x:Tensor, start_pos) -> Tensor:
+    attn, mlp = self.attn, self.mlp
+    qkv = linear.apply(x, attn.c_attn.weight, attn.c_attn.bias, ln=self.ln_1)
+    x = linear.apply(attention.apply(attn, qkv, start_pos), attn.c_proj.weight, attn.c_proj.bias, residual=x)
+    h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, ln=self.ln_2, gelu=True)
+    y = linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x)
+    # the port's bound on what tinygrad fuses; the matvec kernel's output is a buffer of its own (a copy otherwise)
+    return y if isinstance(linear.chosen(h, mlp.c_proj.weight, mlp.c_proj.bias), tuple) else y.contiguous()
 
 def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
@@ -42,22 +56,19 @@ def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   return Step(fn, search if step else 0, what, model, store.step_file(model, fn.func, key, search), formulas=not step)
 
 def choose_kernels(model:GPT2, widths) -> None:
-  """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over all
-  layers, and the lm_head), attention and the layer norms faster: the engine's or tinygrad's."""
-  roles = list(zip(*((b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj) for b in model.h)))
+  """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over its
+  layers, and the lm_head), attention and the layer norms fastest: the engine's or tinygrad's."""
+  blocks = model.h
+  roles = [[b.attn.c_attn for b in blocks], [b.attn.c_proj for b in blocks], [b.mlp.c_fc for b in blocks],
+           [b.mlp.c_proj for b in blocks]]
   groups = [([l.weight for l in role], [l.bias for l in role]) for role in roles] + [([model.wte.weight], None)]
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   with notice(what), replay.graph(Device.DEFAULT):
     for T in sorted(widths):
-      for weights, biases in groups:
-        lanes.choose(T, weights, model.dtype)
-        matvec.choose(T, weights, biases, model.dtype)   # against what lanes chose
-      attention.choose(T, [b.attn for b in model.h], model.dtype)
-      attention.choose_chunks(T, [b.attn for b in model.h], model.dtype)   # against what attention.choose() chose
-      norms = [ln for b in model.h for ln in (b.ln_1, b.ln_2)] + [model.ln_f]
-      norm.choose(T, norms, model.dtype)
-      norm.choose_group(T, norms, model.dtype)   # against what norm.choose() chose
+      for weights, biases in groups: linear.choose(T, weights, biases, model.dtype)
+      attention.choose(T, [b.attn for b in blocks], model.dtype)
+      norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype)
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
@@ -82,16 +93,41 @@ class Step:
     if self.path is not None: store.save(self.fn, self.model(), self.path)
     return ret
 
+TABLES = (linear, attention, norm)   # the modules whose `use` tables hold the measured choices
+
 @contextlib.contextmanager
-def formulas():
-  """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
-  tables = [(lanes, "use_lanes"), (matvec, "use_matvec"), (attention, "use_kernels"), (attention, "use_chunks"),
-            (norm, "use_kernel"), (norm, "use_group")]
-  saved = [getattr(module, name) for module, name in tables]
-  for module, name in tables: setattr(module, name, {})
+def tables(make):
+  """Each measured table replaced by make(module) meanwhile."""
+  saved = [module.use for module in TABLES]
+  for module in TABLES: module.use = make(module)
   try: yield
   finally:
-    for (module, name), table in zip(tables, saved): setattr(module, name, table)
+    for module, table in zip(TABLES, saved): module.use = table
+
+def formulas():
+  """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
+  return tables(lambda module: {})
+
+class Ways(dict):
+  """A table that holds every key, its way a function of it: nothing is measured."""
+  def __init__(self, way): super().__init__(); self.way = way
+  def get(self, key, default=None): return self.way(key)
+  def __getitem__(self, key): return self.way(key)
+  def __contains__(self, key): return True
+
+def everywhere():
+  """The engine's kernels wherever they fit meanwhile, nothing measured (for tests and renderers): for passes of
+  several rows the work-group kernels where the device has them (the matvec kernel, attention in chunks, the norm's
+  stats kernel), for one row the others (the lanes kernel, attention's CPU design, the norm's row kernel), so that one
+  generation runs both."""
+  def pick(options:list, T:int):
+    wide = [o for o in options if isinstance(o, (int, tuple))]   # the work-group ways
+    other = [o for o in options if o is not None and o not in wide]
+    first = (wide or other) if T > 1 else (other or wide)
+    return first[0] if first else None
+  make = {linear: lambda k: pick(linear.ways(*k[:3]), k[0]), attention: lambda k: pick(attention.ways(k[3]), k[0]),
+          norm: lambda k: pick(norm.ways(k[1]), k[0])}
+  return tables(lambda module: Ways(make[module]))
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):
@@ -105,4 +141,4 @@ def notice(what:str, after:float=10.0):
     timer.cancel()
     if time.perf_counter() - t0 > after: say(f": done in {time.perf_counter() - t0:.0f} s")
 
-__all__ = ["apply", "half_pays", "Step", "STEP_WIDTH"]
+__all__ = ["apply", "Block", "everywhere", "formulas", "half_pays", "Step", "STEP_WIDTH"]

@@ -1,29 +1,39 @@
-"""Attention's two kernels: a step's T queries over the KV cache, reading each cached key and value once for all rows.
+"""Attention's kernels: a step's T queries over the KV cache, reading each cached key and value once for all rows.
 
-Replaces the port's Attention.attend (formula()). tinygrad's heuristics size a kernel by its fixed axes only (heads x
-rows), not by the cache's symbolic length: they split the 64-long dot product over threads and never hold the rows in
-registers, so every row reads the keys and values again. These kernels hold a chunk of rows in registers while the
-cache streams past once. Which is faster is measured per device and shape (choose()). On a GPU the softmax's
-reductions and the weighted sum still run a work-item per head (and row) over every cached position: where the device
-has work-groups, the positions can instead be split into CHUNKS (chunks_kernel(), each chunk's softmax and weighted
-sum apart, then combine_kernel()), as measured (choose_chunks()).
+Replaces the port's Attention.store and Attention.attend (formula()). tinygrad's heuristics size a kernel by its fixed
+axes only (heads x rows), not by the cache's symbolic length: they split the 64-long dot product over threads and never
+hold the rows in registers, so every row reads the keys and values again. Two designs:
+- for CPUs, scores_kernel() and values_kernel(): a work-item per head, position (or output) and chunk of rows, the rows
+  in registers while the cache streams past once;
+- for GPUs (work-groups), the positions split into chunks of `length` (flash-decoding): wide_scores_kernel() (a thread
+  a position, SCORE_GROUP of them a work-group), chunks_kernel() (each chunk's softmax and weighted sum, a thread per
+  output of the head dimension: the values' loads coalesced), combine_kernel() (the chunks made one, a thread per
+  output, which also writes the block's keys and values into the cache: the two kernels before it read them from
+  c_attn's output, so that no launch of its own writes the cache).
+Which, and the chunks' length, is measured per device and shape at a short and a long context (choose()).
 """
 from __future__ import annotations
-import functools, inspect, math
+import copy, functools, inspect, math
 from tinygrad import Tensor, UOp, dtypes
+from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.gpt2 import Attention
 from models.engine.lanes import rows
-from models.engine.measure import captured_seconds, faster, work_groups
+from models.engine.measure import captured, fastest, random, work_groups
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
-CHUNKS = 32   # parts of the cached positions whose softmax and weighted sum chunks_kernel() takes apart
-# (T, heads, positions, head_dim, dtype) -> run the kernels here: what choose() measured on this device
-use_kernels: dict[tuple, bool] = {}
-# (T, heads, positions, head_dim, dtype) -> run the chunked kernels here: what choose_chunks() measured
-use_chunks: dict[tuple, bool] = {}
+LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
+SCORE_GROUP = 64     # positions a work-group of wide_scores_kernel() takes, a thread each
+MEASURED_LAYERS = 8  # layers a candidate is timed over: attention's cost is its launches and latency, not bytes
+# (T, heads, positions, head_dim, dtype) -> None (tinygrad's), "kernels" (the CPU design) or a chunk length (the GPU
+# design): what choose() measured on this device
+use: dict[tuple, str|int|None] = {}
+ASK = object()   # apply()'s way: as use holds
 
-formula = Attention.attend   # what the kernels replace: softmax(q k^T / sqrt(D) + mask) v over the cache
+def formula(attn:Attention, qkv:Tensor, start_pos:int|UOp) -> Tensor:
+  """What the kernels replace: the block's keys and values into the cache, then softmax(q k^T / sqrt(D) + mask) v."""
+  attn.store(qkv, start_pos)
+  return Attention.attend(attn, qkv, start_pos)
 
 def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp) -> UOp:
   """out[0, h, t, s] = q[t, h] . k[h, s] / sqrt(D) for s <= pos + t, -inf for the block's later positions (causal),
@@ -56,39 +66,63 @@ def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp) -> UOp:
   info = KernelInfo(name=f"values_{T}_{H}_{D}", opts_to_apply=())
   return out[0, t, h * D + d].store(y.cast(out.dtype)).end(h, dc, tc, ti, dl).sink(arg=info)
 
-def chunks_kernel(out:UOp, scores:UOp, cache:UOp, pos:UOp) -> UOp:
-  """out[0, h, t, j] = (o_0 .. o_D-1, m, l) over chunk j of the positions s < pos + T (CHUNKS chunks of equal length):
-  m its largest score, l = sum_s exp(score_s - m), o_d = sum_s exp(score_s - m) v[h, s, d]; a chunk of no position or
-  of masked ones only has m -inf and l, o 0. A work-item per head, row and chunk; indices clamped into the buffers."""
-  (_, H, T, _, E), (P, D) = out.shape, cache.shape[-2:]
+f32 = lambda u: u.cast(dtypes.float32)
+
+def block_or_cache(qkv:UOp, cache:UOp, j:int, h:UOp, s:UOp, d:UOp, pos:UOp) -> UOp:
+  """Key (j 0) or value (j 1) d of head h at position s, float32: from the cache before pos, from c_attn's output
+  (qkv: q, k, v) for the block's own positions; indices clamped into both buffers."""
+  T, C, P = qkv.shape[1], qkv.shape[2] // 3, cache.shape[3]
+  block = qkv[0, (s - pos).maximum(0).minimum(T - 1), (j + 1) * C + h * cache.shape[4] + d]
+  return (s < pos).where(f32(cache[j, 0, h, s.minimum(P - 1), d]), f32(block))
+
+def wide_scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp) -> UOp:
+  """out[0, h, t, s] = q[t, h] . k[h, s] / sqrt(D) for s <= pos + t, -inf after (causal), float32, for s up to
+  pos + T rounded up to SCORE_GROUP (out has P + SCORE_GROUP columns); the block's keys from qkv (block_or_cache()). A
+  work-group of SCORE_GROUP threads per head and positions, a thread a position, every row in registers."""
+  (_, H, T, _), D, G = out.shape, cache.shape[-1], SCORE_GROUP
+  h, sb = UOp.range(H, 0), UOp.range((pos + T + G - 1) // G, 1)
+  sl, t, d = UOp.range(G, 2, AxisType.LOCAL), UOp.range(T, 3, AxisType.UPCAST), UOp.range(D, 4, AxisType.REDUCE)
+  s = sb * G + sl
+  dot = (f32(qkv[0, t, h * D + d]) * block_or_cache(qkv, cache, 0, h, s, d, pos)).reduce(d, arg=Ops.ADD)
+  score = (s <= pos + t).where(dot * (1 / math.sqrt(D)), -math.inf)
+  info = KernelInfo(name=f"wide_scores_{T}_{H}_{D}", opts_to_apply=(Opt(OptOps.UNROLL, 0, 4),))
+  return out[0, h, t, s].store(score).end(h, sb, sl, t).sink(arg=info)
+
+def chunks_kernel(out:UOp, scores:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) -> UOp:
+  """out[0, h, t, j, e] = (o_0 .. o_D-1, m, l) over chunk j, positions j*length .. j*length + length-1 below pos + T:
+  m its largest score, l = sum_s exp(score_s - m), o_d = sum_s exp(score_s - m) v[h, s, d]; a chunk of masked
+  positions only has m -inf and l, o 0. A work-group per head, row and chunk, a thread per e (the values' loads
+  coalesced); the block's values from qkv (block_or_cache())."""
+  (_, H, T, _, E), D = out.shape, cache.shape[-1]
   S = pos + T
-  L = (S + (CHUNKS - 1)) // CHUNKS
-  h, t, j = UOp.range(H, 0), UOp.range(T, 1), UOp.range(CHUNKS, 2)
-  l1, l2, l3 = (UOp.range(L, 3 + i, AxisType.REDUCE) for i in range(3))
-  e = UOp.range(E, 6, AxisType.UPCAST)
-  inside = lambda l: j * L + l < S
-  score = lambda l: inside(l).where(scores[0, h, t, (j * L + l).minimum(P - 1)], -math.inf)
+  h, t, j = UOp.range(H, 0), UOp.range(T, 1), UOp.range((S + length - 1) // length, 2)
+  e = UOp.range(E, 3, AxisType.LOCAL)
+  l1, l2, l3 = (UOp.range(length, 4 + i, AxisType.REDUCE) for i in range(3))
+  score = lambda l: (j * length + l < S).where(scores[0, h, t, j * length + l], -math.inf)
   m = score(l1).reduce(l1, arg=Ops.MAX)
   shift = m.maximum(-3e38)   # a chunk masked whole (m -inf): its exponentials 0, not exp(-inf + inf)
-  weight = lambda l: inside(l).where((score(l) - shift).exp(), 0.0)
+  weight = lambda l: (j * length + l < S).where((score(l) - shift).exp(), 0.0)
   total = weight(l2).reduce(l2, arg=Ops.ADD)
-  v = cache[1, 0, h, (j * L + l3).minimum(P - 1), e.minimum(D - 1)].cast(dtypes.float32)
-  acc = (weight(l3) * v).reduce(l3, arg=Ops.ADD)
+  acc = (weight(l3) * block_or_cache(qkv, cache, 1, h, j * length + l3, e.minimum(D - 1), pos)).reduce(l3, arg=Ops.ADD)
   info = KernelInfo(name=f"chunks_{T}_{H}_{D}", opts_to_apply=())
   return out[0, h, t, j, e].store((e < D).where(acc, e.eq(D).where(m, total))).end(h, t, j, e).sink(arg=info)
 
-def combine_kernel(out:UOp, parts:UOp) -> UOp:
+def combine_kernel(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) -> UOp:
   """out[0, t, h*D + d] = sum_j exp(m_j - m) o_j,d / sum_j exp(m_j - m) l_j with m = max_j m_j: the chunks' softmax
-  and weighted sums made one. A work-item per head, row and output."""
-  (_, H, T, _, E), D = parts.shape, parts.shape[-1] - 2
-  h, t, d = UOp.range(H, 0), UOp.range(T, 1), UOp.range(D, 2)
-  j1, j2, j3 = (UOp.range(CHUNKS, 3 + i, AxisType.REDUCE) for i in range(3))
+  and weighted sums made one; and the block's keys and values from qkv into the cache at pos + t. A work-group per
+  head and row, a thread per output."""
+  (_, H, T, _, E), C = parts.shape, qkv.shape[-1] // 3
+  D = E - 2
+  J = (pos + T + length - 1) // length
+  h, t, d = UOp.range(H, 0), UOp.range(T, 1), UOp.range(D, 2, AxisType.LOCAL)
+  j1, j2, j3 = (UOp.range(J, 3 + i, AxisType.REDUCE) for i in range(3))
   m = parts[0, h, t, j1, D].reduce(j1, arg=Ops.MAX)
   weight = lambda j: (parts[0, h, t, j, D] - m).exp()
   num = (weight(j2) * parts[0, h, t, j2, d]).reduce(j2, arg=Ops.ADD)
   den = (weight(j3) * parts[0, h, t, j3, D + 1]).reduce(j3, arg=Ops.ADD)
-  info = KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=())
-  return out[0, t, h * D + d].store((num / den).cast(out.dtype)).end(h, t, d).sink(arg=info)
+  stores = [out[0, t, h * D + d].store((num / den).cast(out.dtype))] + \
+           [cache[i, 0, h, pos + t, d].store(qkv[0, t, (i + 1) * C + h * D + d]) for i in (0, 1)]
+  return UOp.group(*stores).end(h, t, d).sink(arg=KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=()))
 
 def custom(fxn, out:Tensor, *inputs:Tensor, pos:UOp) -> Tensor:
   """out after fxn(out, *inputs, pos) ran: Tensor.custom_kernel passes buffers only, so the position, an expression of
@@ -100,69 +134,66 @@ def custom(fxn, out:Tensor, *inputs:Tensor, pos:UOp) -> Tensor:
   names = {u: (u.src[0] if u.op is Ops.AFTER else u).replace(op=Ops.PARAM) for u in variables}
   return Tensor(out.uop.after(fxn(*params, pos.substitute(names)).call(*buffers, *variables)))
 
-def kernels(qkv:Tensor, cache:Tensor, start_pos:int|UOp, chunks:bool=False) -> Tensor:
-  """formula()'s result (1, T, C) by the two kernels, tinygrad's own taking the scores' maximum and exponentials; or
-  (chunks) by the scores kernel, chunks_kernel() and combine_kernel()."""
-  (B, T, C3), (_, _, H, P, D) = qkv.shape, cache.shape
-  # the kernels' ranges end at a variable whatever start_pos is: a range of one position (an eager pass at 0) is no loop
-  pos = start_pos if isinstance(start_pos, UOp) else UOp.variable("pos", 0, P - T).bind(start_pos)
-  scores = custom(scores_kernel, Tensor.empty(B, H, T, P, device=qkv.device), qkv, cache, pos=pos)
-  if chunks:
-    parts = custom(chunks_kernel, Tensor.empty(B, H, T, CHUNKS, D + 2, device=qkv.device), scores, cache, pos=pos)
-    return Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device).custom_kernel(parts, fxn=combine_kernel)[0]
-  scores = scores[..., :start_pos + T]
+def position(start_pos:int|UOp, P:int, T:int) -> UOp:
+  """The kernels' ranges end at a variable whatever start_pos is: a range of one position (an eager pass at 0) is no
+  loop."""
+  return start_pos if isinstance(start_pos, UOp) else UOp.variable("pos", 0, P - T).bind(start_pos)
+
+def kernels(qkv:Tensor, cache:Tensor, start_pos:int|UOp) -> Tensor:
+  """Attend's result (1, T, C) over a cache that holds the block by the CPU design's two kernels, tinygrad's own taking
+  the scores' maximum and exponentials."""
+  (B, T, C3), (_, _, H, P, _) = qkv.shape, cache.shape
+  pos = position(start_pos, P, T)
+  scores = custom(scores_kernel, Tensor.empty(B, H, T, P, device=qkv.device), qkv, cache, pos=pos)[..., :start_pos + T]
   exps = Tensor.empty(B, H, T, P, device=qkv.device)   # another buffer: written in place, tinygrad copied it first
   exps[..., :start_pos + T].assign((scores - scores.max(-1, keepdim=True)).exp())
   return custom(values_kernel, Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device), exps, cache, pos=pos)
 
+def chunked(qkv:Tensor, cache:Tensor, start_pos:int|UOp, length:int) -> Tensor:
+  """formula()'s result (1, T, C) by the GPU design's three kernels, chunks of length positions; the block's keys and
+  values go into the cache by the last."""
+  (B, T, C3), (_, _, H, P, D) = qkv.shape, cache.shape
+  pos = position(start_pos, P, T)
+  scores = custom(wide_scores_kernel, Tensor.empty(B, H, T, P + SCORE_GROUP, device=qkv.device), qkv, cache, pos=pos)
+  parts = Tensor.empty(B, H, T, (P + length - 1) // length, D + 2, device=qkv.device)
+  parts = custom(functools.partial(chunks_kernel, length=length), parts, scores, qkv, cache, pos=pos)
+  out = Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device)
+  return custom(functools.partial(combine_kernel, length=length), out, parts, qkv, cache, pos=pos)
+
 def fits(D:int) -> bool: return D % 4 == 0 and D % SPLIT == 0
 
-def chunks_fit(D:int) -> bool:
-  """The chunked kernels are a candidate where the device has work-groups (a GPU; not tinygrad's CPU backend)."""
-  return fits(D) and work_groups()
+def ways(D:int) -> list:
+  """The ways that fit a head dimension D on this device, tinygrad's first: the CPU design, and where the device has
+  work-groups the GPU design at each chunk length."""
+  return [None] + (["kernels"] if fits(D) else []) + (list(LENGTHS) if fits(D) and work_groups() else [])
 
-def attend(attn:Attention, qkv:Tensor, start_pos:int|UOp, use:bool|None=None, chunks:bool|None=None) -> Tensor:
-  """formula(attn, qkv, start_pos) by the chunked kernels, the kernels or tinygrad's; use and chunks None: as
-  choose_chunks() and choose() measured (else tinygrad's)."""
+def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way=ASK) -> Tensor:
+  """formula(attn, qkv, start_pos) (the cache written, then attention) by the GPU design (way a chunk length), the
+  CPU design ("kernels") or tinygrad's (None); way ASK: as choose() measured (else tinygrad's)."""
   (_, T, _), (_, _, H, P, D) = qkv.shape, attn.cache_kv.shape
-  key = (T, H, P, D, qkv.dtype)
-  if chunks or (chunks is None and use is None and use_chunks.get(key, False)):
-    return kernels(qkv, attn.cache_kv, start_pos, chunks=True)
-  if use is None: use = use_kernels.get(key, False)
-  return kernels(qkv, attn.cache_kv, start_pos) if use else formula(attn, qkv, start_pos)
+  if way is ASK: way = use.get((T, H, P, D, qkv.dtype))
+  if isinstance(way, int): return chunked(qkv, attn.cache_kv, start_pos, way)
+  if way is None: return formula(attn, qkv, start_pos)
+  attn.store(qkv, start_pos)
+  return kernels(qkv, attn.cache_kv, start_pos)
 
-def install(attn:Attention) -> None:
-  """attn.attend computed by attend(): an instance attribute in front of the class's method."""
-  attn.attend = functools.partial(attend, attn)
-
-def choose(T:int, layers:list[Attention], dtype) -> bool:
-  """Whether a pass of T rows attends faster through the kernels than through the formula, over these layers at a
-  quarter of their context: both captured and timed, once per machine."""
+def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
+  """The way a pass of T rows attends fastest, of those that compute what tinygrad's does: each captured and timed over
+  some of these layers on random caches and rows at a short and a long context (positions P/16 and 3P/4), once per
+  machine."""
   _, _, H, P, D = layers[0].cache_kv.shape
   key = (T, H, P, D, dtype)
-  if key not in use_kernels:
-    code = "".join(inspect.getsource(f) for f in (scores_kernel, values_kernel, kernels, rows)) + repr(SPLIT)
-    use_kernels[key] = fits(D) and faster("spec_attention", (key, code), lambda: seconds(T, layers, dtype, True),
-                                          lambda: seconds(T, layers, dtype, False),
-                                          f"attention kernels ({T} rows, {H} x {D})")
-  return use_kernels[key]
-
-def choose_chunks(T:int, layers:list[Attention], dtype) -> bool:
-  """Whether a pass of T rows attends faster through the chunked kernels than as choose() left it, over these layers at
-  a quarter of their context, once per machine; never where they do not fit."""
-  _, _, H, P, D = layers[0].cache_kv.shape
-  key = (T, H, P, D, dtype)
-  if key not in use_chunks:
-    code = "".join(inspect.getsource(f) for f in (scores_kernel, chunks_kernel, combine_kernel, kernels)) + repr(CHUNKS)
-    use_chunks[key] = chunks_fit(D) and faster("spec_attention_chunks", (key, code),
-                                               lambda: seconds(T, layers, dtype, None, True),
-                                               lambda: seconds(T, layers, dtype, None, False),
-                                               f"chunked attention kernels ({T} rows, {H} x {D})")
-  return use_chunks[key]
-
-def seconds(T:int, layers:list[Attention], dtype, use:bool|None, chunks:bool|None=None) -> float:
-  """One pass of T rows through every layer's attention at a quarter of the context, captured, best of 3."""
-  _, _, H, P, D = layers[0].cache_kv.shape
-  qkv = Tensor.ones(1, T, 3 * H * D, dtype=dtype).contiguous().realize()
-  pos = UOp.variable("pos", 0, P - T).bind(min(P // 4, P - T))
-  return captured_seconds(lambda qkv, pos: [attend(a, qkv, pos, use, chunks).realize() for a in layers], qkv, pos)
+  if key not in use:
+    shells = [copy.copy(a) for a in layers[:MEASURED_LAYERS]]   # their own caches: the model's stay as they are
+    for i, a in enumerate(shells): a.cache_kv = random(*a.cache_kv.shape, dtype=dtype, seed=i)
+    qkv = random(1, T, 3 * H * D, dtype=dtype)
+    contexts = [UOp.variable("pos", 0, P - T).bind(min(p, P - T)) for p in (P // 16, 3 * P // 4)]
+    def run(way):
+      runs = [captured(lambda qkv, p: [apply(a, qkv, p, way).realize() for a in shells], qkv, pos) for pos in contexts]
+      return sum(r[0] for r in runs), [o for r in runs for o in r[1]]
+    code = "".join(inspect.getsource(f) for f in (scores_kernel, values_kernel, wide_scores_kernel, chunks_kernel,
+                                                  combine_kernel, block_or_cache, kernels, chunked, apply, rows))
+    candidates = {w: functools.partial(run, w) for w in ways(D)}
+    use[key] = fastest("spec_attention", (key, code, SPLIT, SCORE_GROUP), candidates,
+                       f"attention kernels ({T} rows, {H} x {D})", dtype)
+  return use[key]

@@ -1,84 +1,86 @@
-"""The matvec kernel: a linear layer over a step's few rows as a GPU reads memory fastest.
+"""The matvec kernel: a linear layer over a step's few rows as a GPU reads memory fastest, with what surrounds it fused.
 
 Replaces x @ w.T + b (formula()) where the device has work-groups (GPUs). A GPU reaches its memory's speed with many
 threads in flight, each loading wide vectors: tinygrad's own kernels for one row give gpt2's layers a few hundred
 threads looping over the whole reduction (docs/backends.md). Here each output's reduction is split over a work-group of
-GROUP threads (summed in shared memory), each thread loads 4 consecutive weights at a time (16 bytes in float32, 8 in
-float16: tinygrad loads at most 4 halves at once unless ALLOW_HALF8, which measured no faster on an H100) and keeps
-every one of the T <= 16 rows and OUTPUTS outputs in registers, and the bias is added before the one store. Which
-GROUP and OUTPUTS, and whether it beats what lanes.py left (tinygrad's matmul or the lanes kernel), is measured per
-shape, width and dtype on the device (choose()).
+`group` threads, a multiple of a warp's 32 where the row is long enough (the row padded to a multiple of it, the
+padding's loads masked), each thread loads 4 consecutive weights at a time (16 bytes in float32, 8 in float16:
+tinygrad loads at most 4 halves at once unless ALLOW_HALF8, which measured no faster on an H100) and keeps every one of
+the T <= 16 rows and `outputs` outputs in registers.
+
+What a block does around a linear layer runs in the same kernel, so that a layer costs one launch: the layer norm
+before it (the row's sums taken in the same loop and folded in by linearity, below), the bias, GELU and the residual
+add after it, before the one store. Which group and outputs, and whether the kernel beats the lanes kernel and
+tinygrad's matmul, is measured per shape, width and dtype on the device (linear.py).
 """
 from __future__ import annotations
-import functools, inspect, math
+import functools, math
 from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine import lanes
-from models.engine.measure import captured_seconds, fastest, group_sizes, work_groups
+from models.engine.measure import work_groups
 
-GROUPS, OUTPUTS, VECTOR = (32, 64, 128), (1, 2, 4), 4   # the options measured (near these); the weights a load reads
-# (T, N, C, x dtype, weight dtype, bias) -> (group, outputs) where the kernel runs: what choose() measured
-use_matvec: dict[tuple, tuple[int, int]|None] = {}
+# the options measured, the likeliest first (its time decides whether the rest are timed: measure.fastest); a load's
+# elements
+OPTIONS, VECTOR = ((64, 1), (32, 1), (128, 1), (64, 2), (32, 2), (128, 2)), 4
 
 def formula(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T (+ b) in dtype (default x's), accumulated in float32."""
   y = x.matmul(w.T, dtype=dtypes.float32)
   return (y if b is None else y + b.float()).cast(dtype or x.dtype)
 
-def matvec_kernel(out:UOp, x:UOp, w:UOp, *b:UOp, group:int, outputs:int) -> UOp:
-  """out[t, n] = sum_k x[t, k] * w[n, k] (+ b[n]), float32 inside; x (T, C), w (N, C), out (T, N) in its dtype. The
-  reduction unrolled by a vector load of w, split over group threads, outputs outputs a thread, every row in
-  registers."""
+def matvec_kernel(out:UOp, x:UOp, w:UOp, *extra:UOp, group:int, outputs:int, norm:float|None=None, bias:bool=False,
+                  gelu:bool=False, residual:bool=False) -> UOp:
+  """out[t, n] = sum_k x[t, k] * w[n, k], then + bias[n], GELU, + residual[t, n] as asked, float32 inside; x (T, C),
+  w (N, C), out (T, N) in its dtype. extra: the layer norm's weight g and bias h (norm: its eps), the bias, the
+  residual, in that order. With norm, x is first normalized, without a pass of its own: with d = x[t] - x[t, 0] (the
+  sums shifted by the row's first element lose nothing to a mean far from 0), m = mean d, r = 1 / sqrt(var d + eps),
+    sum_k ((d_k - m) r g_k + h_k) w_nk = r (sum_k d_k g_k w_nk - m sum_k g_k w_nk) + sum_k h_k w_nk,
+  five sums over k in the same loop. The reduction unrolled by a vector load, padded to and split over group threads,
+  outputs outputs a thread, every row in registers."""
   (T, N), C = out.shape, x.shape[1]
+  extra = list(extra)
+  g, h = (extra.pop(0), extra.pop(0)) if norm is not None else (None, None)
+  b, r = extra.pop(0) if bias else None, extra.pop(0) if residual else None
   n, t, k = UOp.range(N, 0), UOp.range(T, 1, AxisType.UPCAST), UOp.range(C, 2, AxisType.REDUCE)
   f32 = lambda u: u.cast(dtypes.float32)
-  acc = (f32(x[t, k]) * f32(w[n, k])).reduce(k, arg=Ops.ADD)
-  y = acc + f32(b[0][n]) if b else acc
-  opts = (Opt(OptOps.UNROLL, 0, VECTOR), Opt(OptOps.GROUP, 0, group)) + \
-         ((Opt(OptOps.UPCAST, 0, outputs),) if outputs > 1 else ())
+  add = lambda u: u.reduce(k, arg=Ops.ADD)
+  if norm is None: y = add(f32(x[t, k]) * f32(w[n, k]))
+  else:
+    d, wg = f32(x[t, k]) - f32(x[t, 0]), f32(g[k]) * f32(w[n, k])
+    m, var = add(d) * (1 / C), add(d * d) * (1 / C)
+    rstd = ((var - m * m).maximum(0) + norm).rsqrt()   # a difference of float32 sums can round below 0
+    y = (add(d * wg) - m * add(wg)) * rstd + add(f32(h[k]) * f32(w[n, k]))
+  if b is not None: y = y + f32(b[n])
+  if gelu: y = y.gelu()
+  if r is not None: y = y + f32(r[t, n])
+  V, reduce_axis = C // VECTOR, (N > 1) + (T > 1)   # the reduction's axis among those longer than 1
+  opts = (Opt(OptOps.UNROLL, 0, VECTOR),) + ((Opt(OptOps.PADTO, reduce_axis, V + -V % group),) if V % group else ()) + \
+         (Opt(OptOps.GROUP, 0, group),) + ((Opt(OptOps.UPCAST, 0, outputs),) if outputs > 1 else ())
   info = KernelInfo(name=f"matvec_{T}_{N}_{C}", opts_to_apply=opts)
   return out[t, n].store(y.cast(out.dtype)).end(t, n).sink(arg=info)
 
 def options(N:int, C:int) -> list[tuple[int, int]]:
-  """The (group, outputs) that fit: groups of threads near GROUPS share C's vectors evenly, outputs divide N."""
-  groups = group_sizes(C // VECTOR, GROUPS, 256) if C % VECTOR == 0 else []
-  return [(g, o) for g in groups for o in OUTPUTS if N % o == 0]
+  """The (group, outputs) of OPTIONS that fit: outputs dividing N, a group that pads the row's vectors by less than a
+  third (idle threads); a row too short for any (a tiny model's) gets the largest power of two within it."""
+  if C % VECTOR: return []
+  V = C // VECTOR
+  fit = [(g, o) for g, o in OPTIONS if N % o == 0 and (V + -V % g) * 3 < V * 4]
+  return fit or ([(1 << (V.bit_length() - 1), 1)] if V >= 8 else [])
+
 def fits(N:int, C:int) -> bool:
   """A device with work-groups and shared memory (a GPU; not tinygrad's CPU backend) and a shape options() fits."""
   return work_groups() and bool(options(N, C))
 
-def linear(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, kernel:tuple[int, int]|None=None) -> Tensor:
-  """formula(x, w, b, dtype): by the kernel with options kernel (group, outputs), else as choose() measured, else as
-  lanes.linear() computes it."""
+def linear(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, kernel:tuple[int, int]=(32, 1), ln=None,
+           gelu:bool=False, residual:Tensor|None=None) -> Tensor:
+  """formula(x, w, b, dtype) by the kernel with options kernel (group, outputs), after ln (a layer norm: weight, bias,
+  eps) of x, then GELU and + residual where asked, in one kernel."""
   *B, C = x.shape
   T, N = math.prod(B), w.shape[0]
-  kernel = kernel or use_matvec.get((T, N, C, x.dtype, w.dtype, b is not None))
-  if kernel is None:
-    y = lanes.linear(x, w, dtype)
-    return y if b is None else y + b
+  extra = ([ln.weight, ln.bias] if ln is not None else []) + ([b] if b is not None else []) + \
+          ([residual.reshape(T, N)] if residual is not None else [])
+  fxn = functools.partial(matvec_kernel, group=kernel[0], outputs=kernel[1], norm=None if ln is None else ln.eps,
+                          bias=b is not None, gelu=gelu, residual=residual is not None)
   out = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
-  fxn = functools.partial(matvec_kernel, group=kernel[0], outputs=kernel[1])
-  return out.custom_kernel(x.reshape(T, C), w, *([] if b is None else [b]), fxn=fxn)[0].reshape(*B, N)
-
-class Linear:
-  """An nn.Linear (the same weight and bias, the same state names) computed by linear()."""
-  def __init__(self, plain): self.weight, self.bias = plain.weight, plain.bias
-  def __call__(self, x:Tensor) -> Tensor: return linear(x, self.weight, self.bias)
-
-def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype) -> tuple[int, int]|None:
-  """The options of the kernel that computes T rows times these same-shape weights (and biases) fastest, if one beats
-  what lanes.choose() left for them: all captured and timed over the weights in turn, once per machine."""
-  (N, C), bias = weights[0].shape, biases is not None
-  key = (T, N, C, x_dtype, weights[0].dtype, bias)
-  if key in use_matvec or not fits(N, C): return use_matvec.get(key)
-  x = Tensor.ones(T, C, dtype=x_dtype).contiguous().realize()
-  candidates = {o: functools.partial(seconds, x, weights, biases, o) for o in [None, *options(N, C)]}
-  code = inspect.getsource(matvec_kernel), inspect.getsource(formula), VECTOR
-  best = fastest("spec_matvec", (key, *code), candidates, f"matvec kernel ({T} rows x ({N}, {C}); group, outputs)")
-  use_matvec[key] = best
-  return best
-
-def seconds(x:Tensor, weights:list[Tensor], biases:list[Tensor]|None, kernel:tuple[int, int]|None) -> float:
-  bs = biases or [None] * len(weights)
-  return captured_seconds(lambda x: [linear(x, w, b, kernel=kernel).realize() for w, b in zip(weights, bs)], x)
+  return out.custom_kernel(x.reshape(T, C), w, *extra, fxn=fxn)[0].reshape(*B, N)

@@ -1,37 +1,57 @@
 """Measured choices: which of two or more ways is fastest on this machine, asked once and kept in tinygrad's disk
 cache."""
 from __future__ import annotations
-import hashlib, importlib.metadata, sys, time
+import hashlib, importlib.metadata, math, sys, time
+import numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put
 
-def faster(kind:str, what:tuple, kernel, formula, name:str) -> bool:
-  """Whether kernel() measures fewer seconds than formula(), asked once per machine: cached in tinygrad's disk cache
-  under kind by machine_key(*what) (what holds the kernel's code: a changed kernel is measured again). A kernel that
-  fails to compile or run loses, uncached, and one line on stderr names it (name) and says why."""
-  disk = machine_key(*what)
-  if (ret := diskcache_get(kind, disk)) is not None: return ret
-  try: seconds = kernel()
-  except Exception as e:
-    why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-    print(f"spec: the {name} cannot run on {Device.DEFAULT} ({why}); tinygrad's kernels run instead",
-          file=sys.stderr, flush=True)
-    return False
-  return diskcache_put(kind, disk, seconds < formula())
+# a candidate's outputs may differ from the reference's by this fraction of the reference's largest value (the dtype of
+# the pass: its kernels sum in another order, and round half once where tinygrad's round each step)
+TOLERANCE = {dtypes.float32: 1e-4, dtypes.float16: 1e-2}
+PRUNE = 1.5   # a family's later options are measured only while its first is within this of the fastest so far
 
-def fastest(kind:str, what:tuple, candidates:dict, name:str):
-  """The key of the candidate (a function that runs and returns its seconds) that measures fewest seconds, asked once
-  per machine like faster(); a candidate that fails to compile or run drops out, and one line on stderr names it (name
-  and its key) and says why."""
+def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None):
+  """The key of the fastest candidate whose outputs agree with the first's (the reference, tinygrad's own kernels),
+  asked once per machine: cached in tinygrad's disk cache under kind by machine_key(*what) (what holds the kernels'
+  code: a changed kernel is measured again). A candidate is a function that runs and returns (seconds, outputs). One
+  that fails to compile or run, or whose outputs differ by more than TOLERANCE[dtype], drops out with one line on
+  stderr naming it (name and its key) and why, and then nothing is cached: the next process measures again. Candidates
+  of one family (family(key), not None) after its first are measured only while the first is within PRUNE of the
+  fastest so far: options of a kernel that loses clearly are not all timed."""
   disk = machine_key(*what)
   if (ret := diskcache_get(kind, disk)) is not None: return ret[0]
-  costs = {}
+  reference, costs, expected, failed, firsts = next(iter(candidates)), {}, None, False, {}
+  def pruned(f) -> bool: return f in firsts and costs.get(firsts[f], math.inf) > PRUNE * min(costs.values(), default=0)
   for key, fn in candidates.items():
-    try: costs[key] = fn()
+    if (f := family(key)) is not None and pruned(f): continue
+    try: seconds, outputs = fn()
     except Exception as e:
-      why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-      print(f"spec: the {name} {key} cannot run on {Device.DEFAULT} ({why})", file=sys.stderr, flush=True)
-  return diskcache_put(kind, disk, (min(costs, key=costs.get) if costs else None,))[0]
+      say(f"the {name} {key} cannot run on {Device.DEFAULT} ({why(e)})")
+      failed = True
+      continue
+    if f is not None: firsts.setdefault(f, key)
+    if key == reference: expected = outputs
+    elif expected is None or (err := error(outputs, expected)) > TOLERANCE[dtype]:
+      why_ = "tinygrad's did not run" if expected is None else f"{err:.1e} of the largest, over {TOLERANCE[dtype]:.0e}"
+      say(f"the {name} {key} computes other values than tinygrad's on {Device.DEFAULT} ({why_})")
+      failed = True
+      continue
+    costs[key] = seconds
+  best = min(costs, key=costs.get) if costs else reference
+  return best if failed else diskcache_put(kind, disk, (best,))[0]
+
+def error(outputs:list[np.ndarray], expected:list[np.ndarray]) -> float:
+  """The largest difference between outputs and expected over the largest expected magnitude; inf where the shapes
+  differ or a value is not finite where expected's is."""
+  if len(outputs) != len(expected) or any(a.shape != b.shape for a, b in zip(outputs, expected)): return math.inf
+  got, want = (np.concatenate([a.astype(np.float64).ravel() for a in arrays]) for arrays in (outputs, expected))
+  if (np.isfinite(got) != np.isfinite(want)).any(): return math.inf
+  finite = np.isfinite(want)
+  return float(np.abs(got[finite] - want[finite]).max(initial=0) / max(np.abs(want[finite]).max(initial=0), 1e-30))
+
+def say(text:str) -> None: print(f"spec: {text}", file=sys.stderr, flush=True)
+def why(e:Exception) -> str: return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 def work_groups() -> bool:
   """Whether the device runs work-groups with shared memory (GPUs, OpenCL; not tinygrad's CPU backend): where the
@@ -56,12 +76,30 @@ def best_seconds(fn, reps:int=3) -> float:
   def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
   return min(once() for _ in range(reps))
 
-def captured_seconds(fn, *args) -> float:
-  """fn(*args) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3."""
+def captured(fn, *args) -> tuple[float, list[np.ndarray]]:
+  """fn(*args) (a list of Tensors) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3, and the
+  outputs of the last call."""
   step = TinyJit(fn)
   with Context(BEAM=0):
     for _ in range(2): step(*args)                 # a TinyJit captures on its second call
-  return best_seconds(lambda: step(*args))
+  seconds = best_seconds(lambda: step(*args))
+  return seconds, [t.numpy() for t in step(*args)]
+
+MEASURE_BYTES = 256 << 20   # a candidate is timed over this many bytes of weights (or all of them): past every cache
+
+def enough(tensors:list[Tensor]) -> list[Tensor]:
+  """The first of tensors whose bytes reach MEASURE_BYTES, at least one: what a candidate is timed over, so that it
+  streams from memory as in a pass while a first run's measurements stay short."""
+  out, total = [], 0
+  for t in tensors:
+    if total >= MEASURE_BYTES: break
+    out.append(t); total += t.nbytes()
+  return out
+
+def random(*shape:int, dtype=dtypes.float32, seed:int=0) -> Tensor:
+  """Standard normal values from numpy (nothing compiled for them): a measurement's inputs, so that wrong kernels
+  give other outputs."""
+  return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).cast(dtype).realize()
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
@@ -76,6 +114,6 @@ def half_pays() -> bool:
     def cost(dtype) -> float:
       x = Tensor.ones(1, 4096, dtype=dtype).contiguous().realize()
       ws = [w.cast(dtype).contiguous().realize() for w in weights]
-      return captured_seconds(lambda x: [x.matmul(w.T).realize() for w in ws], x)
+      return captured(lambda x: [x.matmul(w.T).realize() for w in ws], x)[0]
     pays = diskcache_put("spec_half", disk, cost(dtypes.half) * 1.25 < cost(dtypes.float32))
   return pays

@@ -1,22 +1,22 @@
 """The layer norm of a step's few rows as one kernel, where tinygrad computes it in three (mean, variance, normalize).
 
-Replaces the port's LayerNorm (formula()). On a CPU a small model's pass costs more per kernel than per byte, and the two norms
-of a layer were a third of its kernels. One work-item per row loops over it three times. For wide prefills and on GPUs
-a work-item per row loses: there a work-group per row sums it in one kernel (stats_kernel(); a GPU's tinygrad gave each
-of its two sums 16 threads), chosen by measurement among work-group sizes (choose_group()).
+Replaces the port's LayerNorm (formula()). On a CPU a small model's pass costs more per kernel than per byte, and the
+two norms of a layer were a third of its kernels. One work-item per row loops over it three times. For wide prefills
+and on GPUs a work-item per row loses: there a work-group per row sums it in one kernel (stats_kernel(); a GPU's
+tinygrad gave each of its two sums 16 threads). Which way, and the work-group size, is measured per width and dtype
+(choose()); where a linear layer runs the matvec kernel, its layer norm runs inside it (matvec.py).
 """
 from __future__ import annotations
 import functools, inspect, math
-from tinygrad import Tensor, UOp, dtypes, nn
+from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine.measure import captured_seconds, faster, fastest, group_sizes, work_groups
+from models.engine.measure import captured, fastest, group_sizes, random, work_groups
 
 GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
-# (T, C, dtype) -> run the kernel here: what choose() measured on this device
-use_kernel: dict[tuple, bool] = {}
-# (T, C, dtype) -> the work-group size of stats_kernel() here, or None: what choose_group() measured
-use_group: dict[tuple, int|None] = {}
+# (T, C, dtype) -> None (tinygrad's), "row" (norm_kernel) or stats_kernel()'s work-group size: what choose() measured
+use: dict[tuple, str|int|None] = {}
+ASK = object()   # layer_norm()'s way: as use holds
 
 def formula(x:Tensor, w:Tensor, b:Tensor, eps:float) -> Tensor:
   """What the kernel replaces: the port's LayerNorm over x's last axis, its statistics in float32 (models/gpt2.py)."""
@@ -61,46 +61,35 @@ def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   mean, var = rows[:, :1].float() + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
 
-def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, kernel:bool|None=None, group:int|None=None) -> Tensor:
-  """formula(), in x's dtype, by stats_kernel() with work-groups of group threads, by norm_kernel() (kernel), or by
-  tinygrad's; kernel and group None: as choose() and choose_group() measured (else tinygrad's)."""
+def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way=ASK) -> Tensor:
+  """formula(), in x's dtype: by stats_kernel() with work-groups of way threads (an int), norm_kernel() ("row") or
+  tinygrad's (None); way ASK: as choose() measured (else tinygrad's)."""
   *B, C = x.shape
   T = math.prod(B)
-  if kernel is None and (group := group or use_group.get((T, C, x.dtype))): return grouped(x, w, b, eps, group)
-  if kernel is None: kernel = use_kernel.get((T, C, x.dtype), False)
-  if not kernel: return formula(x, w, b, eps)
+  if way is ASK: way = use.get((T, C, x.dtype))
+  if way is None: return formula(x, w, b, eps)
+  if way != "row": return grouped(x, w, b, eps, way)
   out = Tensor.empty(T, C, dtype=x.dtype, device=x.device)
   return out.custom_kernel(x.reshape(T, C), w, b, fxn=functools.partial(norm_kernel, eps=eps))[0].reshape(x.shape)
 
 class LayerNorm:
   """The port's LayerNorm (the same weight and bias, the same state names) computed by layer_norm()."""
-  def __init__(self, plain:nn.LayerNorm): self.weight, self.bias, self.eps = plain.weight, plain.bias, plain.eps
+  def __init__(self, plain): self.weight, self.bias, self.eps = plain.weight, plain.bias, plain.eps
   def __call__(self, x:Tensor) -> Tensor: return layer_norm(x, self.weight, self.bias, self.eps)
 
-def choose(T:int, norms:list[LayerNorm], dtype) -> bool:
-  """Whether T rows are normalized faster by the kernel than by tinygrad's, over these norms (a model's): both captured
-  and timed, once per machine."""
+def ways(C:int) -> list:
+  """The ways that fit rows of C on this device, tinygrad's first."""
+  return [None, "row"] + groups(C)
+
+def choose(T:int, norms:list[LayerNorm], dtype) -> str|int|None:
+  """The way T rows are normalized fastest, of those that compute what tinygrad's does, over these norms (a model's):
+  each captured and timed on random rows, once per machine."""
   C = norms[0].weight.shape[0]
   key = (T, C, dtype)
-  if key not in use_kernel:
-    code = inspect.getsource(norm_kernel) + inspect.getsource(layer_norm)
-    use_kernel[key] = faster("spec_norm", (key, code), lambda: seconds(T, norms, dtype, True),
-                             lambda: seconds(T, norms, dtype, False), f"layer norm kernel ({T} rows x {C})")
-  return use_kernel[key]
-
-def seconds(T:int, norms:list[LayerNorm], dtype, kernel:bool|None, group:int|None=None) -> float:
-  """T rows through every norm, captured, best of 3."""
-  x = Tensor.ones(T, norms[0].weight.shape[0], dtype=dtype).contiguous().realize()
-  return captured_seconds(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, kernel, group).realize() for n in norms], x)
-
-def choose_group(T:int, norms:list[LayerNorm], dtype) -> int|None:
-  """The work-group size with which stats_kernel() normalizes T rows fastest, if one beats what choose() left: all
-  timed over these norms, once per machine; None where the device has no work-groups."""
-  C = norms[0].weight.shape[0]
-  key = (T, C, dtype)
-  if key not in use_group and groups(C):
-    candidates = {g: functools.partial(seconds, T, norms, dtype, None, g) for g in [None, *groups(C)]}
-    code = inspect.getsource(stats_kernel) + inspect.getsource(grouped)
-    name = f"layer norm's stats kernel ({T} rows x {C}), group"
-    use_group[key] = fastest("spec_norm_group", (key, code), candidates, name)
-  return use_group.get(key)
+  if key not in use:
+    x = random(T, C, dtype=dtype) * 3 + 20   # a mean far from 0, as a residual's can be
+    def run(way): return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way).realize() for n in norms], x)
+    code = "".join(inspect.getsource(f) for f in (norm_kernel, stats_kernel, grouped, layer_norm))
+    use[key] = fastest("spec_norm", (key, code), {w: functools.partial(run, w) for w in ways(C)},
+                       f"layer norm kernel ({T} rows x {C})", dtype)
+  return use[key]
