@@ -125,6 +125,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   device has work-groups, over enough of the weights (measure.enough(): the first to reach MEASURE_BYTES, or all) on
   random rows, and keeps the fastest; a second process reads the disk."""
   monkeypatch.setattr(linear, "use", {})
+  monkeypatch.setattr(linear, "lost", set())
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   costs, timed = {None: 2.0, "lanes": 1.5, (64, 1): 1.0, (32, 1): 0.5}, []
@@ -137,6 +138,14 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   monkeypatch.setattr(linear, "use", {})
   assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1) and len(timed) == 8, "measured again"
   assert linear.ways(1, 24, 32)[:2] == [None, "lanes"] and "lanes" not in linear.ways(1, 24, 30)
+  # where the matvec kernel's first option loses clearly to one role, the process times it on no other of that width
+  costs[(64, 1)] = 3.0
+  assert linear.choose(3, [Tensor.empty(40, 32)], None, dtypes.float32) == "lanes" and linear.lost == {(3, dtypes.float32)}
+  del timed[:]
+  assert linear.choose(3, [Tensor.empty(56, 32)], None, dtypes.float32) == "lanes" and [w for w, _ in timed] == [None, "lanes"]
+  del timed[:]
+  linear.choose(1, [Tensor.empty(56, 32)], None, dtypes.float32)
+  assert [w for w, _ in timed] == [None, "lanes", (64, 1)], "another width: the matvec kernel timed again"
 
 def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   """Causal attention of rows start..start+T-1 over the cache's first start positions and the block's own keys and
@@ -298,6 +307,7 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
   for module in engine.TABLES: monkeypatch.setattr(module, "use", {})
+  monkeypatch.setattr(linear, "lost", set())
   unsearched, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
@@ -430,6 +440,7 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
   monkeypatch.setattr(module, fn, broken)
   for table in engine.TABLES: monkeypatch.setattr(table, "use", {})   # earlier tests' choices: measured here afresh
+  monkeypatch.setattr(linear, "lost", set())
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)
   seq = [int(t) for t in np.random.default_rng(4).integers(0, 64, 6)]

@@ -24,7 +24,7 @@ from models.engine.measure import captured, fastest, random, work_groups
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
 SCORE_GROUP = 64     # positions a work-group of wide_scores_kernel() takes, a thread each
-MEASURED_LAYERS = 8  # layers a candidate is timed over: attention's cost is its launches and latency, not bytes
+MEASURED_LAYERS = 4  # layers a candidate is timed over: attention's cost is its launches and latency, not bytes
 # (T, heads, positions, head_dim, dtype) -> None (tinygrad's), "kernels" (the CPU design) or a chunk length (the GPU
 # design): what choose() measured on this device
 use: dict[tuple, str|int|None] = {}
@@ -180,7 +180,7 @@ def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way=ASK) -> Tensor:
 def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
   """The way a pass of T rows attends fastest, of those that compute what tinygrad's does: each captured and timed over
   some of these layers on random caches and rows at a short and a long context (positions P/16 and 3P/4), once per
-  machine."""
+  machine; the GPU design's second chunk length only while its first is close."""
   _, _, H, P, D = layers[0].cache_kv.shape
   key = (T, H, P, D, dtype)
   if key not in use:
@@ -195,5 +195,6 @@ def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
                                                   combine_kernel, block_or_cache, kernels, chunked, apply, rows))
     candidates = {w: functools.partial(run, w) for w in ways(D)}
     use[key] = fastest("spec_attention", (key, code, SPLIT, SCORE_GROUP), candidates,
-                       f"attention kernels ({T} rows, {H} x {D})", dtype)
+                       f"attention kernels ({T} rows, {H} x {D})", dtype,
+                       family=lambda w: "chunks" if isinstance(w, int) else None)
   return use[key]

@@ -7,11 +7,14 @@ from __future__ import annotations
 import functools, inspect, math
 from tinygrad import Tensor, dtypes
 from models.engine import lanes, matvec, norm
-from models.engine.measure import captured, enough, fastest, random
+from models.engine.measure import PRUNE, captured, enough, fastest, random
 
 # (T, N, C, x dtype, weight dtype, bias) -> None (tinygrad's matmul), "lanes", or the matvec kernel's (group, outputs):
 # what choose() measured on this device
 use: dict[tuple, str|tuple[int, int]|None] = {}
+# (T, x dtype): the matvec kernel lost clearly (its first option over PRUNE x the fastest) to a role of this width:
+# the process times it on no other (a CPU's OpenCL, where it loses every time, compiles it once a width)
+lost: set[tuple] = set()
 ASK = object()   # apply()'s way: as use holds
 
 def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None,
@@ -38,7 +41,8 @@ def ways(T:int, N:int, C:int) -> list:
 def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype) -> str|tuple[int, int]|None:
   """The way T rows times these same-shape weights (and biases) run fastest, of those that compute what tinygrad's
   matmul computes: each captured and timed over enough of the weights in turn (as in a pass, they stream from memory)
-  on random rows, once per machine. The matvec kernel's later options are timed only while its first is close."""
+  on random rows, once per machine. The matvec kernel's later options are timed only while its first is close, and in a
+  process where it lost clearly to another role at this width, not at all."""
   (N, C), bias = weights[0].shape, biases is not None
   key = (T, N, C, x_dtype, weights[0].dtype, bias)
   if key not in use:
@@ -47,9 +51,12 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype) -> st
     x = random(T, C, dtype=x_dtype)
     def run(way): return captured(lambda x: [apply(x, w, b, way=way).realize() for w, b in zip(weights, biases)], x)
     code = inspect.getsource(matvec.matvec_kernel), inspect.getsource(lanes.lanes_kernel), inspect.getsource(apply)
-    use[key] = fastest("spec_linear", (key, *code), {w: functools.partial(run, w) for w in ways(T, N, C)},
+    candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
+    use[key] = fastest("spec_linear", (key, *code), {w: functools.partial(run, w) for w in candidates},
                        f"linear kernel ({T} rows x ({N}, {C}))", x_dtype,
-                       family=lambda w: "matvec" if isinstance(w, tuple) else None)
+                       family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs)
+    first = next((w for w in candidates if isinstance(w, tuple)), None)
+    if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()): lost.add((T, x_dtype))
   return use[key]
 
 class Linear:

@@ -11,17 +11,19 @@ from tinygrad.helpers import diskcache_get, diskcache_put
 TOLERANCE = {dtypes.float32: 1e-4, dtypes.float16: 1e-2}
 PRUNE = 1.5   # a family's later options are measured only while its first is within this of the fastest so far
 
-def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None):
+def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None, costs:dict|None=None):
   """The key of the fastest candidate whose outputs agree with the first's (the reference, tinygrad's own kernels),
   asked once per machine: cached in tinygrad's disk cache under kind by machine_key(*what) (what holds the kernels'
   code: a changed kernel is measured again). A candidate is a function that runs and returns (seconds, outputs). One
   that fails to compile or run, or whose outputs differ by more than TOLERANCE[dtype], drops out with one line on
   stderr naming it (name and its key) and why, and then nothing is cached: the next process measures again. Candidates
   of one family (family(key), not None) after its first are measured only while the first is within PRUNE of the
-  fastest so far: options of a kernel that loses clearly are not all timed."""
+  fastest so far: options of a kernel that loses clearly are not all timed. costs, if given, receives every candidate's
+  seconds (those that ran and agreed)."""
   disk = machine_key(*what)
   if (ret := diskcache_get(kind, disk)) is not None: return ret[0]
-  reference, costs, expected, failed, firsts = next(iter(candidates)), {}, None, False, {}
+  reference, expected, failed, firsts = next(iter(candidates)), None, False, {}
+  costs = {} if costs is None else costs
   def pruned(f) -> bool: return f in firsts and costs.get(firsts[f], math.inf) > PRUNE * min(costs.values(), default=0)
   for key, fn in candidates.items():
     if (f := family(key)) is not None and pruned(f): continue
@@ -96,10 +98,10 @@ def enough(tensors:list[Tensor]) -> list[Tensor]:
     out.append(t); total += t.nbytes()
   return out
 
-def random(*shape:int, dtype=dtypes.float32, seed:int=0) -> Tensor:
-  """Standard normal values from numpy (nothing compiled for them): a measurement's inputs, so that wrong kernels
-  give other outputs."""
-  return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).cast(dtype).realize()
+def random(*shape:int, dtype=dtypes.float32, seed:int=0, mean:float=0.0) -> Tensor:
+  """Normal values of this mean from numpy (nothing compiled for them but a cast): a measurement's inputs, so that wrong
+  kernels give other outputs."""
+  return Tensor((np.random.default_rng(seed).standard_normal(shape) + mean).astype(np.float32)).cast(dtype).realize()
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 
