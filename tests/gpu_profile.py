@@ -11,32 +11,45 @@ and compiled by NVRTC; nothing runs), dummy weights, the KV cache at CONTEXT pos
 move (tinygrad's estimate, each byte once), its threads and work-groups, the bytes of its widest load from a weight and
 its loads in flight, and a predicted time from this model of an H100 (constants below):
 
-  time = LAUNCH + bytes / min(BANDWIDTH, in_flight / LATENCY)
-  in_flight = min(threads, RESIDENT) x the bytes a thread's global loads read in one iteration of its loop
+  time = LAUNCH + max(traffic / min(SUSTAINED, in_flight / LATENCY), operations a thread x OPERATION x waves)
+  traffic = the bytes of the weight matrices every thread's loads read (a matrix read once per row counts each time),
+            the other buffers' bytes once (tinygrad's estimate: vectors shared by the threads, cached)
+  in_flight = resident threads x the bytes of a thread's loads in min(UNROLLED, trips) iterations of its loop
+  resident threads = min(threads, SMS x min(THREADS_PER_SM, BLOCKS_PER_SM x a work-group's threads))
+  waves = threads / (SMS x THREADS_PER_SM), at least 1
 
-(Little's law: the memory runs at its speed only with BANDWIDTH x LATENCY bytes requested and not yet returned.) The
-engine's kernel choices, measured by a clock on a GPU, are made here by the same model. Per pass: kernels, weight
-bytes, the floor (those bytes at BANDWIDTH), the predicted time, and the share of weight bytes read by loads of 16
-bytes or more. The model's limits: no caches, no compute, the compiler's own unrolling unseen. docs/backends.md.
+(Little's law: the memory runs at its speed only with SUSTAINED x LATENCY bytes requested and not yet returned; an SM
+holds at most 32 work-groups, so one-thread work-groups keep 4,224 threads of an H100 busy; a thread's operations run
+one after another.) LATENCY, UNROLLED, SUSTAINED and OPERATION are fitted to what an H100 timed (docs/backends.md):
+30 matrix-vector kernels (tinygrad's matmul, the lanes kernel, the best of a matvec sweep), within 3.5x of each (the
+matvec sweep's within 1.7x), and gpt2-xl's decodes and 3-token pass with --plain, within 1.41x (`--fit` refits them to a device report's kernels). The engine's kernel choices, measured by a clock on a GPU, are made
+here by the same model. Per pass: kernels, weight
+bytes, the floor (those bytes at BANDWIDTH, a device copy's rate), the predicted time, and the share of weight bytes
+read by loads of 16 bytes or more. The model's limits: no cache, no arithmetic. docs/backends.md.
 """
 import argparse, contextlib, json, math, os, pathlib, sys, time, types
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
-os.environ.setdefault("DEV", "NULL:CUDA:sm_90")
-os.environ["NULL_ALLOW_COPYOUT"] = "1"          # the round's host read gets zeros
-os.environ["SPEC_STEP_CACHE"] = ""              # every step captured here
-import render_kernels                           # noqa: E402  pip's NVRTC found as render_kernels.py finds it
+if __name__ == "__main__":   # imported (tests/device_report.py), the model only: nothing set
+  os.environ.setdefault("DEV", "NULL:CUDA:sm_90")
+  os.environ["NULL_ALLOW_COPYOUT"] = "1"          # the round's host read gets zeros
+  os.environ["SPEC_STEP_CACHE"] = ""              # every step captured here
+  import render_kernels                           # noqa: F401  pip's NVRTC found as render_kernels.py finds it
 from tinygrad import Tensor, TinyJit, Context, dtypes   # noqa: E402
 from tinygrad.nn.state import get_state_dict   # noqa: E402
 from tinygrad.uop.ops import Ops, AddrSpace, UOp, sym_infer   # noqa: E402
 import models, spec                             # noqa: E402
 from models import engine                       # noqa: E402
-from models.engine import attention, lanes, matvec, measure, norm   # noqa: E402
+from models.engine import attention, linear, measure, norm   # noqa: E402
 
-BANDWIDTH = 3.35e12   # bytes/s: the H100 SXM's HBM3 as sold
+BANDWIDTH = 3.0e12    # bytes/s: a device copy measured on an H100 (docs/backends.md); the floor's price
 LAUNCH = 2.0e-6       # s a kernel in a CUDA graph on an H100, within what docs/backends.md measured
-LATENCY = 0.2e-6      # s a load is in flight: fitted to tinygrad's matmuls measured on an H100 (docs/backends.md)
-RESIDENT = 132 * 2048   # threads an H100 holds at once: 132 SMs x 2048
+SUSTAINED = 1.0e12    # bytes/s at most, from every load in flight (fitted, as the three below)
+LATENCY = 0.1e-6      # s a load is in flight
+UNROLLED = 2          # iterations of a loop whose loads a thread has in flight at once: the compiler's unrolling
+OPERATION = 3e-9      # s an operation of a thread takes, one after another
+SMS, THREADS_PER_SM, BLOCKS_PER_SM = 132, 2048, 32   # an H100's multiprocessors and what each holds at once
+MATRIX = 1 << 20      # bytes: a weight this large is a matrix, read from memory as often as its loads run
 CONTEXT = 256         # cached positions: the start position bound in every pass
 WIDE = 16             # bytes: a load this wide or wider is a wide load
 
@@ -70,38 +83,64 @@ def profile_kernel(call, weights:set, var_vals:dict) -> dict:
   is_weight = lambda slot: slot < len(args) and args[slot].op is Ops.BUFFER and args[slot].buffer in weights
   ld = loads(program)
   deepest = max((m for _, _, m in ld), default=1)
-  in_flight = min(threads, RESIDENT) * sum(b for _, b, m in ld if m == deepest)
+  # a weight matrix's bytes as often as threads load them (a matrix read once per row is read that often); the rest,
+  # vectors shared by every thread and cached, once (tinygrad's estimate)
+  matrix = lambda s: is_weight(s) and args[s].buffer.nbytes >= MATRIX
+  reread = threads * sum(b * m for s, b, m in ld if matrix(s))
+  features = dict(traffic=reread + moved - sum(args[s].buffer.nbytes for s in {s for s, _, _ in ld if matrix(s)}),
+                  threads=threads, ops=sym_infer(est.ops, var_vals),
+                  resident=min(threads, SMS * min(THREADS_PER_SM, BLOCKS_PER_SM * math.prod(local))),
+                  per_iteration=sum(b for _, b, m in ld if m == deepest),
+                  trips=deepest // max((m for _, _, m in ld if m < deepest), default=1))   # the innermost loop's
   weight_loads = [(b, m) for s, b, m in ld if is_weight(s)]
   read, wide = sum(b * m for b, m in weight_loads), sum(b * m for b, m in weight_loads if b >= WIDE)
   weight_bytes = sum(args[s].buffer.nbytes for s in {s for s, _, _ in ld if is_weight(s)})
-  return dict(name=info.function_name, bytes=moved, threads=threads, groups=groups,
-              load_bytes=max((b for b, _ in weight_loads), default=0), in_flight=in_flight, weight_bytes=weight_bytes,
-              wide_bytes=weight_bytes * wide / read if read else 0,
-              seconds=LAUNCH + moved / min(BANDWIDTH, max(in_flight, 1) / LATENCY))
+  return dict(name=info.function_name, bytes=moved, groups=groups, **features,
+              load_bytes=max((b for b, _ in weight_loads), default=0), in_flight=in_flight(features),
+              weight_bytes=weight_bytes, wide_bytes=weight_bytes * wide / read if read else 0, seconds=seconds(features))
+
+def in_flight(f:dict, unrolled:int=UNROLLED) -> int: return f["resident"] * f["per_iteration"] * min(unrolled, f["trips"])
+
+def seconds(f:dict, latency:float=LATENCY, unrolled:int=UNROLLED, sustained:float=SUSTAINED,
+            operation:float=OPERATION) -> float:
+  """The model's time for a kernel of these features (profile_kernel())."""
+  memory = max(f["traffic"], 1) / min(sustained, max(in_flight(f, unrolled), 1) / latency)
+  return LAUNCH + max(memory, f["ops"] / f["threads"] * operation * max(1, f["threads"] / (SMS * THREADS_PER_SM)))
+
+def fit(kernels:list[dict]) -> tuple[float, dict]:
+  """LATENCY, UNROLLED, SUSTAINED and OPERATION on a grid, fitted to kernels measured on a GPU (each with its features
+  and us): (the largest ratio between a prediction and its measurement either way, the constants)."""
+  grid = [dict(latency=l * 1e-7, unrolled=u, sustained=b * 1e11, operation=o * 1e-10) for l in (1, 2, 4, 6, 8, 10)
+          for u in (1, 2, 4, 8, 12, 16) for b in (8, 10, 12, 15, 20, 25, 30) for o in (0, 5, 10, 20, 30, 50, 80)]
+  worst = lambda c: max(abs(math.log(seconds(k, **c) * 1e6 / k["us"])) for k in kernels)
+  best = min(grid, key=worst)
+  return math.exp(worst(best)), best
 
 def predicted_seconds(linear, weights:set, var_vals:dict) -> float:
   return sum(profile_kernel(c, weights, var_vals)["seconds"] for c in kernel_calls(linear))
 
 @contextlib.contextmanager
 def model_clock(weights:set):
-  """The engine's measured choices made by this model: a captured function's predicted seconds, nothing cached."""
-  saved = measure.captured_seconds, measure.diskcache_get, measure.diskcache_put
-  def seconds(fn, *args):
+  """The engine's measured choices made by this model: a captured function's predicted seconds (its outputs NULL's
+  zeros), nothing cached."""
+  saved = measure.captured, measure.diskcache_get, measure.diskcache_put
+  def captured(fn, *args):
     step = TinyJit(fn)
     with Context(BEAM=0):
-      for _ in range(2): step(*args)
+      for _ in range(2): outputs = step(*args)
     bound = dict(a.unbind() for a in args if isinstance(a, UOp))
-    return predicted_seconds(step.captured.linear, weights, {v.expr: value for v, value in bound.items()})
+    return predicted_seconds(step.captured.linear, weights, {v.expr: value for v, value in bound.items()}), \
+      [t.numpy() for t in outputs]
   # over one layer: the model predicts the same for every layer of a shape, and capturing 48 took minutes
   one_layer = lambda model, widths: choose(types.SimpleNamespace(**{**vars(model), "h": model.h[:1]}), widths)
-  measure.captured_seconds, measure.diskcache_get, measure.diskcache_put = seconds, lambda *a: None, lambda t, k, v: v
+  measure.diskcache_get, measure.diskcache_put = lambda *a: None, lambda t, k, v: v
   choose, engine.choose_kernels = engine.choose_kernels, one_layer
-  for module in (attention, lanes, matvec, norm): module.captured_seconds = seconds
+  for module in (attention, linear, norm): module.captured = captured
   try: yield
   finally:
-    measure.captured_seconds, measure.diskcache_get, measure.diskcache_put = saved
+    measure.captured, measure.diskcache_get, measure.diskcache_put = saved
     engine.choose_kernels = choose
-    for module in (attention, lanes, matvec, norm): module.captured_seconds = saved[0]
+    for module in (attention, linear, norm): module.captured = saved[0]
 
 def profile(name:str, dtype:str, widths:list[int], plain:bool) -> dict[int, dict]:
   """Every width's step pass of one model, dtype and layer: {T: figures, with its kernels}."""
@@ -116,7 +155,7 @@ def profile(name:str, dtype:str, widths:list[int], plain:bool) -> dict[int, dict
       kernels = [profile_kernel(c, weights, {"start_pos": CONTEXT, "nonce": 1}) for c in kernel_calls(linear)]
       weight_bytes = sum(b.nbytes for b in weights)
       read = max(sum(k["weight_bytes"] for k in kernels), 1)
-      out[T] = dict(kernels=len(kernels), weight_bytes=weight_bytes, floor_ms=weight_bytes / BANDWIDTH * 1e3,
+      out[T] = dict(kernels=len(kernels), weight_bytes=weight_bytes, bandwidth=BANDWIDTH, floor_ms=weight_bytes / BANDWIDTH * 1e3,
                     predicted_ms=sum(k["seconds"] for k in kernels) * 1e3,
                     wide_load_fraction=sum(k["wide_bytes"] for k in kernels) / read, per_kernel=kernels)
   return out
@@ -130,7 +169,15 @@ def main() -> int:
   ap.add_argument("--plain", choices=["both", "yes", "no"], default="both", help="--plain, the engine, or both")
   ap.add_argument("--kernels", action="store_true", help="print every kernel of every pass")
   ap.add_argument("--json", metavar="FILE", help="write the figures per model, dtype, engine or plain, and width")
+  ap.add_argument("--fit", metavar="PASSES_JSON", help="fit the model's constants to the kernels a GPU timed "
+                  "(tests/device_report.py's passes.json) and exit")
   args = ap.parse_args()
+  if args.fit:
+    kernels = json.loads(pathlib.Path(args.fit).read_text())["decode_kernels"]
+    worst, constants = fit(kernels)
+    now = max(abs(math.log(k["predicted_us"] / k["us"])) for k in kernels)
+    print(f"{len(kernels)} kernels: within {math.exp(now):.2f}x of each now, {worst:.2f}x with {constants}")
+    return 0
   result = {}
   for name in args.models:
     for dtype in args.dtypes:
@@ -143,7 +190,7 @@ def main() -> int:
                 f"{p['wide_load_fraction']:.0%} of the weight bytes", flush=True)
           if args.kernels:
             for k in p["per_kernel"]:
-              print(f"    {k['name'][:40]:40} {k['bytes']:>11,} B {k['threads']:>8} threads {k['groups']:>6} groups "
+              print(f"    {k['name'][:40]:40} {k['traffic']:>13,} B read {k['threads']:>8} threads {k['groups']:>6} groups "
                     f"load {k['load_bytes']:2} B in flight {k['in_flight']:>9,} B {k['seconds'] * 1e6:8.1f} µs")
           figures = {k: v for k, v in p.items() if k != "per_kernel" or args.kernels}
           result.setdefault(name, {}).setdefault(dtype, {}).setdefault(layer, {})[T] = figures
