@@ -62,10 +62,12 @@ def matvec_kernel(out:UOp, x:UOp, w:UOp, *extra:UOp, group:int, outputs:int, nor
 
 def options(N:int, C:int) -> list[tuple[int, int]]:
   """The (group, outputs) of OPTIONS that fit: outputs dividing N, a group that pads the row's vectors by less than a
-  third (idle threads); a row too short for any (a tiny model's) gets the largest power of two within it."""
+  third (idle threads) and, where it pads, into more than one load a thread (a single padded load leaves the padding
+  threads' slots of the group's sum unwritten in tinygrad's kernel: shared memory's garbage summed, seen on pocl); a
+  row too short for any (a tiny model's) gets the largest power of two within it."""
   if C % VECTOR: return []
   V = C // VECTOR
-  fit = [(g, o) for g, o in OPTIONS if N % o == 0 and (V + -V % g) * 3 < V * 4]
+  fit = [(g, o) for g, o in OPTIONS if N % o == 0 and (V + -V % g) * 3 < V * 4 and (V % g == 0 or V > g)]
   return fit or ([(1 << (V.bit_length() - 1), 1)] if V >= 8 else [])
 
 def fits(N:int, C:int) -> bool:
