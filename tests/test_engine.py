@@ -366,8 +366,8 @@ def test_matvec_kernel_computes_the_formula(T):
   """The matvec kernel is x @ w.T + b (and x @ w.T in float32, the lm_head's), and with what it fuses: the layer norm
   before it (on rows with a mean far from 0 and, at one row, GPT-2's massive activations), GELU and the residual add
   after it, for every width a step may run, the widths together covering every option of each shape, where the
-  device has work-groups (a GPU; CI's GPU suite, DEV=PYTHON::sm_80, in both dtypes). Where it has none (tinygrad's CPU
-  backend) the kernel is no candidate."""
+  device has work-groups (a GPU; CI's GPU suite, DEV=PYTHON::sm_80, in float32; float16 by hand, .ci/run's header).
+  Where it has none (tinygrad's CPU backend) the kernel is no candidate."""
   rng = np.random.default_rng(T)
   half = lambda a: Tensor(a.astype(np.float32)).cast(models.DTYPES[dtype()]).realize()
   f64 = lambda t: t.float().numpy().astype(np.float64)

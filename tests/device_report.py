@@ -1,0 +1,554 @@
+#!/usr/bin/env python3
+"""Measure spec on the device it runs on: one command for a GPU's user, and the source of every GPU figure in the docs.
+
+  python tests/device_report.py --out DIR               # about 9 minutes on a GPU (DEV as for spec.py)
+  python tests/device_report.py --out DIR --tiny        # every stage on tiny models: minutes (CI: the CPU)
+  python tests/device_report.py --pack DIR              # the shared deep pair packed to travel (float16, xz)
+  python tests/device_report.py --out DIR --pair DIR/docs-deep DIR/docs-draft --wheels WHEELS
+
+Stages, in order, each a process of its own with a time limit of its own, each writing DIR/<stage>.json and
+DIR/<stage>.md as it goes (a run cut short keeps every stage that ended, and what the one cut had written):
+  device   the device, its driver, tinygrad and Python, and a device copy's bandwidth: the memory floor's price
+  kernels  every option of every engine kernel against its formula, at gpt2-xl's and gpt2's shapes, widths 1 3 5 16,
+           float16 and float32: error and time a call; nothing measured is cached yet
+  choice   the engine's choice step for gpt2-xl and gpt2 at widths 1 and 3: each candidate's time, the step's wall time
+           (a first run's cost)
+  passes   gpt2-xl's decode and 3-, 5-, 9-token passes and gpt2's decode, engine and --plain, both dtypes, beside the
+           GPU profile's prediction (tests/gpu_profile.py); the engine with each table emptied in turn; one decode's
+           kernels timed one by one
+  speedup  speculative sampling against the target alone, greedy, default flags: the trained deep pair (--pair, else
+           ../shared/models), and dummy gpt2-xl/gpt2 at the seed's acceptance, predicted from measured passes
+  cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token's time
+  search   gpt2's decode with tinygrad's BEAM search (--search 2), if time is left
+The caches (tinygrad's, the engine's choices and stored steps) are DIR's own: the first stages meet a first run's work.
+--wheels: a directory of wheels (tinygrad's) installed first where tinygrad cannot be imported (a machine without
+network). DIR/report.md joins the stages' tables. Exit 1 if a stage failed or was cut short.
+"""
+import argparse, contextlib, json, math, os, pathlib, platform, shutil, signal, subprocess, sys, tempfile, time
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "models"
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+
+STAGES = {"device": 30, "kernels": 120, "choice": 75, "passes": 120, "speedup": 75, "cold": 100, "search": 0}  # seconds
+BUDGET = 540   # seconds for the whole report; search takes what is left
+TINY_SLACK = 3  # --tiny's limits are this many times the stages': a CPU compiles its kernels slowly, beside other work
+WIDTHS, PASS_WIDTHS, CHOICE_WIDTHS = (1, 3, 5, 16), (1, 3, 5, 9), (1, 3)
+TINY_WIDTHS = (1, 3)   # --tiny's kernels and passes: the paths all run, quickly
+
+# ***** the stages' environment *****
+
+def bootstrap(wheels:str|None) -> None:
+  """Where tinygrad cannot be imported and wheels are given, install them into a directory of the report's and run
+  again with it on the path (a GPU machine without network)."""
+  try: import tinygrad  # noqa: F401
+  except ImportError:
+    if not wheels: raise SystemExit("tinygrad is not installed: pip install -r requirements.txt, or give --wheels DIR")
+    site = pathlib.Path(tempfile.mkdtemp(prefix="spec-wheels-"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
+                    *map(str, pathlib.Path(wheels).glob("*.whl"))], check=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+def environment(out:pathlib.Path, pair) -> dict[str, str]:
+  """The stages' environment: caches of the report's own (tinygrad reads CACHEDB as it is imported), and GPT-2's
+  tokenizer where a machine without network has it: beside a packed pair, or in ../shared/models."""
+  places = ([pathlib.Path(pair[0]).parent / "tiktoken"] if pair else []) + [SHARED / "tiktoken"]
+  tiktoken = [d for d in places if d.is_dir()]
+  return {**os.environ, "CACHEDB": str(out / "cache.db"), "SPEC_STEP_CACHE": str(out / "steps"),
+          "POCL_EXTRA_BUILD_FLAGS": os.environ.get("POCL_EXTRA_BUILD_FLAGS", "-w"), "PYTHONUNBUFFERED": "1",
+          **({"TIKTOKEN_CACHE_DIR": str(tiktoken[0])} if tiktoken and "TIKTOKEN_CACHE_DIR" not in os.environ else {})}
+
+class Stage:
+  """A stage's results, written to DIR/<name>.json (and .md) whenever it adds some."""
+  def __init__(self, out:pathlib.Path, name:str, tiny:bool, pair):
+    self.out, self.name, self.tiny, self.pair, self.data = out, name, tiny, pair, {"stage": name, "complete": False}
+  def save(self, **items) -> None:
+    self.data.update(items)
+    (self.out / f"{self.name}.json").write_text(json.dumps(self.data, indent=1, default=str))
+    (self.out / f"{self.name}.md").write_text(MARKDOWN[self.name](self.data))
+
+# ***** the models, full size or tiny *****
+
+def configs(tiny:bool) -> dict:
+  import models
+  if not tiny: return {"gpt2-xl": models.CONFIGS["gpt2-xl"], "gpt2": models.CONFIGS["gpt2"]}
+  # GPT-2's vocabulary, so that spec.py takes any prompt; the trained pair's stand-in has gpt2's shape (tiny_pair())
+  return {"gpt2-xl": models.GPT2Config(n_layer=4, n_head=4, n_embd=128, vocab_size=50257, n_positions=256),
+          "gpt2": models.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=50257, n_positions=256)}
+
+def model(name:str, dtype:str, tiny:bool, plain:bool=False):
+  """Dummy weights of name's shape (tiny: a few layers of its kind), through the engine unless plain."""
+  import models
+  from models import engine, gpt2
+  m = gpt2.randomize(gpt2.GPT2(configs(tiny)[name], models.DTYPES[dtype]))
+  return m if plain else engine.apply(m)
+
+def dtype_names(tiny:bool=False) -> list[str]:
+  """The dtypes the device has, half first; --tiny: the first alone (the paths are the same)."""
+  from tinygrad import Device, dtypes
+  names = (["float16"] if dtypes.half in Device[Device.DEFAULT].renderer.supported_dtypes() else []) + ["float32"]
+  return names[:1] if tiny else names
+
+def auto_dtype() -> str:
+  """What --dtype auto resolves to here (measured once per machine)."""
+  from models import resolve_dtype
+  return "float16" if resolve_dtype("auto").name == "half" else "float32"
+
+def call_seconds(fn, *args, reps:int=5) -> float:
+  """fn(*args) captured by a TinyJit, then the fastest of reps synchronized calls."""
+  from tinygrad import TinyJit
+  from spec import best_seconds
+  step = TinyJit(fn)
+  for _ in range(2): step(*args)
+  return best_seconds(lambda: step(*args), reps)
+
+# ***** (a) the device *****
+
+def device_stage(st:Stage) -> None:
+  from tinygrad import Tensor, TinyJit, Device
+  import numpy as np, importlib.metadata
+  from spec import best_seconds
+  info = dict(device=Device.DEFAULT, target=str(Device[Device.DEFAULT].renderer.target),
+              python=platform.python_version(), tinygrad=importlib.metadata.version("tinygrad"), numpy=np.__version__,
+              host=platform.node(),
+              processor=platform.processor() or platform.machine(), cores=os.cpu_count(), dtypes=dtype_names(),
+              date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=git("rev-parse", "--short", "HEAD"),
+              modified=bool(git("status", "--porcelain", "--untracked-files=no")))
+  if shutil.which("nvidia-smi"):
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                       capture_output=True, text=True)
+    info["gpu"] = q.stdout.strip() or q.stderr.strip()
+  st.save(info=info)
+  n = (16 if st.tiny else 1024) << 20
+  a, b = Tensor.ones(n // 4).contiguous().realize(), Tensor.zeros(n // 4).contiguous().realize()
+  copy = TinyJit(lambda a: b.assign(a).realize())
+  for _ in range(2): copy(a)
+  copies = {"tinygrad copy": 2 * n / best_seconds(lambda: copy(a), 5)}
+  with contextlib.suppress(Exception):   # PyTorch's, where it has this device (a GPU machine's image)
+    import torch
+    if torch.cuda.is_available() and Device.DEFAULT in ("CUDA", "NV"):
+      x, y = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+      times = []
+      for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); y.copy_(x); end.record(); torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+      copies[f"PyTorch {torch.__version__} copy_"] = 2 * n / min(times)
+  st.save(copy_bytes=n, copies=copies, floor_bandwidth=max(copies.values()))
+
+def git(*args) -> str:
+  out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+  return out.stdout.strip() if out.returncode == 0 else ""
+
+# ***** (b) every option of every kernel against its formula *****
+
+def kernels_stage(st:Stage) -> None:
+  import types
+  from tinygrad import UOp
+  import models
+  from models.engine import attention, linear, measure, norm
+  rows = []
+  for dtype in dtype_names(st.tiny):
+    for name, cfg in configs(st.tiny).items():
+      C, H, P, D = cfg.n_embd, cfg.n_head, cfg.n_positions, cfg.n_embd // cfg.n_head
+      def r(*shape, seed=0, scale=1.0):
+        return (measure.random(*shape, dtype=models.DTYPES[dtype], seed=seed) * scale).realize()
+      ln = types.SimpleNamespace(weight=r(C, seed=1) + 1, bias=r(C, seed=2) * 0.1, eps=1e-5)
+      roles = {"c_attn": (3 * C, C, dict(ln=ln)), "attn c_proj": (C, C, dict(residual=True)),
+               "c_fc": (4 * C, C, dict(ln=ln, gelu=True)), "mlp c_proj": (C, 4 * C, dict(residual=True)),
+               "lm_head": (cfg.padded_vocab, C, dict(dtype=models.DTYPES["float32"], bias=False))}
+      for T in TINY_WIDTHS if st.tiny else WIDTHS:
+        for role, (N, Cin, ctx) in roles.items():
+          x, w, b = r(1, T, Cin, seed=3) * 3, r(N, Cin, seed=4, scale=0.05), r(N, seed=5)
+          kw = {k: v for k, v in ctx.items() if k not in ("residual", "bias")} | \
+               ({"residual": r(1, T, N, seed=6)} if ctx.get("residual") else {}) | \
+               ({"b": b} if ctx.get("bias", True) else {})
+          run = lambda way, pos: linear.apply(x, w, way=way, **kw)
+          rows += compare(f"linear {role}", (N, Cin), T, dtype, name, run, linear.ways(T, N, Cin))
+        cfg1 = models.GPT2Config(n_layer=1, n_head=H, n_embd=C, n_positions=P)
+        attn = models.gpt2.Attention(cfg1, models.DTYPES[dtype])
+        attn.cache_kv, qkv = r(2, 1, H, P, D, seed=7), r(1, T, 3 * C, seed=8)
+        rows += compare("attention", (H, D, P // 4), T, dtype, name,
+                        lambda way, pos: attention.apply(attn, qkv, pos, way), attention.ways(D),
+                        UOp.variable("pos", 0, P - T).bind(P // 4))
+        x = r(1, T, C, seed=9) * 3 + 20
+        rows += compare("layer norm", (C,), T, dtype, name,
+                        lambda way, pos: norm.layer_norm(x, ln.weight, ln.bias, 1e-5, way), norm.ways(C))
+        st.save(rows=rows)
+  st.save(rows=rows, complete=True)
+
+def compare(kernel:str, shape:tuple, T:int, dtype:str, name:str, run, ways:list, pos=None) -> list[dict]:
+  """Each way of ways against the first (tinygrad's, the reference): error and time a call. run(way, pos) computes it,
+  pos a bound variable (attention's position; a captured call takes it as an argument) or None."""
+  from models.engine import measure
+  from tinygrad import dtypes as dt
+  reference, rows = run(ways[0], pos).float().numpy(), []
+  for way in ways:
+    row = dict(model=name, dtype=dtype, T=T, kernel=kernel, shape=shape, way=repr(way))
+    try:
+      got = run(way, pos).float().numpy()
+      row["error"] = measure.error([got], [reference])
+      row["ok"] = row["error"] <= measure.TOLERANCE[getattr(dt, dtype)]
+      row["us"] = (call_seconds(lambda p: run(way, p).realize(), pos) if pos is not None else
+                   call_seconds(lambda: run(way, None).realize())) * 1e6
+    except Exception as e: row |= dict(ok=False, failed=measure.why(e))
+    rows.append(row)
+  return rows
+
+# ***** (c) the choice step *****
+
+def choice_stage(st:Stage) -> None:
+  from models import engine
+  from models.engine import attention, linear, norm
+  log = []
+  for module in (linear, attention, norm): module.fastest = recording(module.fastest, log)
+  t0 = time.perf_counter()
+  dtype = auto_dtype()
+  st.save(auto_dtype=dtype, half_pays_s=time.perf_counter() - t0)
+  steps = []
+  for name in configs(st.tiny):
+    m = model(name, dtype, st.tiny)
+    t0, start = time.perf_counter(), len(log)
+    engine.choose_kernels(m, set(CHOICE_WIDTHS))
+    steps.append(dict(model=name, widths=CHOICE_WIDTHS, wall_s=time.perf_counter() - t0, choices=log[start:]))
+    st.save(steps=steps)
+    del m
+  st.save(steps=steps, complete=True)
+
+def recording(fastest, log:list):
+  """measure.fastest(), each candidate's seconds (or failure) and the choice appended to log."""
+  def wrapped(kind, what, candidates, name, dtype, *args, **kw):
+    timed, t0 = {}, time.perf_counter()
+    def timing(key, fn):
+      def run():
+        try: seconds, outputs = fn()
+        except Exception as e: timed[repr(key)] = f"failed: {type(e).__name__}"; raise
+        timed[repr(key)] = seconds
+        return seconds, outputs
+      return run
+    chosen = fastest(kind, what, {k: timing(k, fn) for k, fn in candidates.items()}, name, dtype, *args, **kw)
+    log.append(dict(name=name, chosen=repr(chosen), candidates=timed, wall_s=time.perf_counter() - t0))
+    return chosen
+  return wrapped
+
+# ***** (d) the passes *****
+
+def passes_stage(st:Stage) -> None:
+  import gc
+  import benchmark, gpu_profile
+  from tinygrad.nn.state import get_state_dict
+  from models import engine, GPT2
+  os.environ["SPEC_STEP_CACHE"] = ""   # each pass captured here: a stored one would bring other tables' kernels
+  rows, tables = [], []
+  for name, widths in (("gpt2-xl", TINY_WIDTHS if st.tiny else PASS_WIDTHS), ("gpt2", (1,))):
+    for dtype in dtype_names(st.tiny):
+      for plain in (False, True):
+        m = model(name, dtype, st.tiny, plain)
+        weights = {t.uop.buffer for k, t in get_state_dict(m).items() if "cache_kv" not in k}
+        floor = sum(b.nbytes for b in weights)
+        for T in widths:
+          ms = benchmark.forward_time(m, T) * 1e3
+          step = m.jit(GPT2.forward, T)
+          linear_ = (step.fn if hasattr(step, "fn") else step).captured.linear
+          calls = list(gpu_profile.kernel_calls(linear_))
+          predicted = sum(gpu_profile.profile_kernel(c, weights, {"start_pos": 100}) ["seconds"] for c in calls) * 1e3
+          rows.append(dict(model=name, dtype=dtype, layer="plain" if plain else "engine", T=T, ms=ms,
+                           kernels=len(calls), weight_bytes=floor, predicted_ms=predicted))
+          st.save(rows=rows)
+        del m; gc.collect()
+  name, dtype = "gpt2-xl", auto_dtype()
+  for module in (None, *engine.TABLES):   # the engine with each measured table emptied in turn
+    emptied = engine.tables(lambda mod: engine.Ways(lambda key: None) if mod is module else mod.use)
+    with emptied if module else contextlib.nullcontext():
+      m = model(name, dtype, st.tiny)
+      for T in (1, 3):
+        ms = benchmark.forward_time(m, T) * 1e3
+        table = module.__name__.split(".")[-1] if module else "none"
+        tables.append(dict(model=name, dtype=dtype, emptied=table, T=T, ms=ms))
+      st.save(rows=rows, emptied=tables)
+      del m; gc.collect()
+  m = model(name, dtype, st.tiny)
+  benchmark.forward_time(m, 1)
+  step = m.jit(GPT2.forward, 1)
+  weights = {t.uop.buffer for k, t in get_state_dict(m).items() if "cache_kv" not in k}
+  captured = (step.fn if hasattr(step, "fn") else step).captured
+  st.save(rows=rows, emptied=tables, decode_kernels=kernel_times(captured.linear, weights), complete=True)
+
+def kernel_times(linear, weights:set) -> list[dict]:
+  """Each kernel of a captured pass run alone (but those reading the pass's input), the fastest of 5 (tinygrad's own
+  timer, the device synchronized), beside the GPU profile's prediction and the features it predicts from (`python
+  tests/gpu_profile.py --fit passes.json` refits the model's constants to them)."""
+  import gpu_profile
+  from tinygrad.engine.realize import time_call
+  from tinygrad.uop.ops import Ops
+  out, var_vals = [], {"start_pos": 100}
+  for call in gpu_profile.kernel_calls(linear):
+    if any(a.op is Ops.PARAM for a in call.src[1:]): continue   # it reads the pass's input (the embedding): not alone
+    timer = time_call(call, var_vals)
+    seconds, model = min(next(timer) for _ in range(5)), gpu_profile.profile_kernel(call, weights, var_vals)
+    features = {k: model[k] for k in ("traffic", "threads", "ops", "resident", "per_iteration", "trips")}   # for --fit
+    out.append(dict(name=call.src[0].arg.function_name, us=seconds * 1e6, predicted_us=model["seconds"] * 1e6,
+                    **features))
+  return out
+
+# ***** (e) speculative sampling against the target alone *****
+
+def speedup_stage(st:Stage) -> None:
+  import gc
+  import benchmark, models, spec
+  from conftest import PROMPTS
+  result = {}
+  pair = st.pair or ([SHARED / "docs-deep", SHARED / "docs-draft"] if (SHARED / "docs-deep").is_dir() else None)
+  with tempfile.TemporaryDirectory() as d:
+    if st.tiny: pair = tiny_pair(pathlib.Path(d))
+    if pair:
+      target, draft = (models.load(str(unpacked(pathlib.Path(p), pathlib.Path(d)))) for p in pair)
+      prompts = [[models.EOT] + [t % target.cfg.vocab_size for t in range(5 * i + 1, 5 * i + 6)] for i in range(6)] \
+        if st.tiny else [models.tokenizer().encode(p) for p in PROMPTS[:6]]
+      n = 16 if st.tiny else 64
+      ar = benchmark.generate_all(lambda p, k: spec.autoregressive_generate(target, p, k, eos=None), prompts, n)
+      sp = benchmark.generate_all(lambda p, k: spec.speculative_generate(target, draft, p, 2, k, eos=None), prompts, n)
+      stats = sp[2]
+      result["pair"] = dict(target=pathlib.Path(pair[0]).name, draft=pathlib.Path(pair[1]).name, dtype=target.dtype.name, prompts=len(prompts),
+                            tokens=n, ar_tokens_per_s=ar[1] / ar[0], spec_tokens_per_s=sp[1] / sp[0],
+                            speedup=(ar[0] / ar[1]) / (sp[0] / sp[1]),
+                            alpha=sum(s.accepted for s in stats) / max(1, sum(s.drafted for s in stats)),
+                            compiled=ar[3] + sp[3])
+      st.save(**result)
+      del target, draft; gc.collect()
+  dtype = auto_dtype()
+  target, draft = model("gpt2-xl", dtype, st.tiny), model("gpt2", dtype, st.tiny)
+  t_target, t_draft = benchmark.forward_time(target, 1), benchmark.forward_time(draft, 1)
+  r, K = benchmark.SEED_R_PRIME, benchmark.SEED_K
+  t_verify = {K: benchmark.forward_time(target, K + 1)}
+  predicted = {K: r * (K + 1) * t_target / (K * t_draft + t_verify[K])}
+  result["dummy"] = dict(dtype=dtype, t_target_ms=t_target * 1e3, t_draft_ms=t_draft * 1e3,
+                         t_verify_ms={k: v * 1e3 for k, v in t_verify.items()}, seed_r_prime=r, seed_K=K,
+                         predicted_at_seed=predicted[K], seed_measured=benchmark.SEED_SPEEDUP)
+  st.save(**result, complete=True)
+
+def tiny_pair(root:pathlib.Path) -> list[pathlib.Path]:
+  """A tiny random target and a noisy copy of it as its draft (agrees often, not always), of --tiny's gpt2 shape: its
+  kernels are those the choice stage chose."""
+  from conftest import random_weights, write_checkpoint
+  import numpy as np
+  c = configs(True)["gpt2"]
+  cfg = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size, n_positions=c.n_positions)
+  target = random_weights(cfg, seed=1)
+  rng = np.random.default_rng(2)
+  noisy = {k: v + (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for k, v in target.items()}
+  return [write_checkpoint(root / "target", cfg, target), write_checkpoint(root / "draft", cfg, noisy)]
+
+# ***** (f) a cold run's first token *****
+
+def cold_stage(st:Stage) -> None:
+  with tempfile.TemporaryDirectory() as d:
+    env = {**os.environ, "CACHEDB": os.path.join(d, "cache.db"), "SPEC_STEP_CACHE": os.path.join(d, "steps")}
+    if st.tiny: target, draft = tiny_pair(pathlib.Path(d))
+    else: target, draft = "gpt2-xl", "gpt2"
+    cmd = [sys.executable, str(ROOT / "spec.py"), "--target", str(target), "--draft", str(draft), "-K", "2", "-n", "16",
+           "--prompt", "The Python interpreter"] + ([] if st.tiny else ["--dummy-weights"])
+    t0 = time.perf_counter()
+    with open(os.path.join(d, "stderr"), "wb") as err:
+      proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
+      first = proc.stdout.read(1)   # the header and the first token come together (spec.Printer)
+      first_token_s = time.perf_counter() - t0
+      rest = proc.communicate()[0]
+    notices = [l for l in pathlib.Path(d, "stderr").read_text(errors="replace").splitlines() if l.startswith("spec")]
+    st.save(command=" ".join(cmd[1:]), first_token_s=first_token_s if first else None, total_s=time.perf_counter() - t0,
+            returncode=proc.returncode, notices=notices, output=(first + rest).decode(errors="replace")[-2000:],
+            complete=proc.returncode == 0)
+
+# ***** (g) BEAM search *****
+
+def search_stage(st:Stage) -> None:
+  import benchmark, models
+  from models import engine, gpt2
+  dtype, rows = auto_dtype(), []
+  for search in (0, 2):
+    m = gpt2.randomize(gpt2.GPT2(configs(st.tiny)["gpt2"], models.DTYPES[dtype]))
+    engine.apply(m, search)
+    t0 = time.perf_counter()
+    ms = benchmark.forward_time(m, 1) * 1e3
+    rows.append(dict(model="gpt2", dtype=dtype, search=search, decode_ms=ms, first_call_s=time.perf_counter() - t0))
+    st.save(rows=rows)
+  st.save(rows=rows, complete=True)
+
+# ***** markdown *****
+
+def table(header:list[str], rows:list[list]) -> str:
+  return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
+                   ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+def fmt(v, spec_:str=".2f") -> str: return "-" if v is None else format(v, spec_)
+
+def md_device(d) -> str:
+  i, c = d.get("info", {}), d.get("copies", {})
+  head = f"{i.get('date')}, commit {i.get('commit')}{' (modified)' if i.get('modified') else ''}: {i.get('device')} " \
+         f"({i.get('target')}), {i.get('gpu', i.get('processor'))}, {i.get('cores')} cores; " \
+         f"Python {i.get('python')}, " \
+         f"tinygrad {i.get('tinygrad')}, dtypes {', '.join(i.get('dtypes', []))}."
+  copies = [f"- {k}: {v / 1e12:.3f} TB/s (read and written, {d['copy_bytes'] >> 20} MiB)" for k, v in c.items()]
+  return "\n\n".join(["## Device", head, "\n".join(copies)])
+
+def md_kernels(d) -> str:
+  rows = d.get("rows", [])
+  bad = [r for r in rows if not r.get("ok")]
+  out = [f"## Every kernel option against its formula\n\n{len(rows)} runs, {len(bad)} wrong or failed."]
+  what = lambda r: [r["model"], r["dtype"], r["T"], r["kernel"], r["way"]]
+  if bad: out.append(table(["model", "dtype", "T", "kernel", "way", "error or failure"],
+                           [what(r) + [r.get("failed") or fmt(r.get("error"), ".1e")] for r in bad]))
+  out.append(table(["model", "dtype", "T", "kernel", "way", "shape", "error", "µs a call"],
+                   [what(r) + [r["shape"], fmt(r.get("error"), ".1e"), fmt(r.get("us"), ".1f")] for r in rows]))
+  return "\n\n".join(out)
+
+def md_choice(d) -> str:
+  auto = f"`--dtype auto`: {d.get('auto_dtype')} ({fmt(d.get('half_pays_s'), '.1f')} s to measure)."
+  out = [f"## The choice step\n\n{auto}"]
+  ms = lambda k, v: f"{k} {v * 1e3:.3f}" if isinstance(v, float) else f"{k} {v}"
+  for s in d.get("steps", []):
+    rows = [[c["name"], c["chosen"], ", ".join(ms(k, v) for k, v in c["candidates"].items()), f"{c['wall_s']:.1f}"]
+            for c in s["choices"]]
+    out.append(f"{s['model']}, widths {s['widths']}: **{s['wall_s']:.1f} s**, {len(s['choices'])} choices\n\n" +
+               table(["choice", "chosen", "candidates (ms)", "s"], rows))
+  return "\n\n".join(out)
+
+def md_passes(d) -> str:
+  floor = lambda r: fmt(r["ms"] / 1e3 / (r["weight_bytes"] / FLOOR[0])) if FLOOR[0] else "-"
+  rows = [[r["model"], r["dtype"], r["layer"], r["T"], f"{r['ms']:.3f}", floor(r), r["kernels"],
+           f"{r['predicted_ms']:.3f}", f"{r['ms'] / r['predicted_ms']:.2f}"] for r in d.get("rows", [])]
+  out = ["## Passes", table(["model", "dtype", "layer", "T", "ms", "x the floor", "kernels", "profile ms",
+                             "measured / profile"], rows)]
+  if d.get("emptied"):
+    out.append("The engine with one measured table emptied (its kernels tinygrad's):\n\n" +
+               table(["model", "dtype", "table emptied", "T", "ms"],
+                     [[r["model"], r["dtype"], r["emptied"], r["T"], f"{r['ms']:.3f}"] for r in d["emptied"]]))
+  if k := d.get("decode_kernels"):
+    out.append(f"One decode's {len(k)} kernels timed alone: {sum(r['us'] for r in k) / 1e3:.3f} ms in all, the profile "
+               f"{sum(r['predicted_us'] for r in k) / 1e3:.3f} ms\n\n" +
+               table(["kernel", "µs", "profile µs"],
+                     [[r["name"], f"{r['us']:.1f}", f"{r['predicted_us']:.1f}"] for r in k]))
+  return "\n\n".join(out)
+
+def md_speedup(d) -> str:
+  out = ["## Speculative sampling against the target alone"]
+  if p := d.get("pair"):
+    out.append(f"{p['target']} / {p['draft']}, {p['dtype']}, greedy, K 2 (block), {p['prompts']} prompts x "
+               f"{p['tokens']} tokens: **{p['speedup']:.2f}x** ({p['spec_tokens_per_s']:.1f} against "
+               f"{p['ar_tokens_per_s']:.1f} tokens/s), alpha {p['alpha']:.3f}, {p['compiled']} kernels compiled "
+               "while timed")
+  if m := d.get("dummy"):
+    verify = ", ".join(f"{int(k) + 1}: {v:.3f} ms" for k, v in m["t_verify_ms"].items())
+    out.append(f"dummy gpt2-xl / gpt2, {m['dtype']}: t_target {m['t_target_ms']:.3f} ms, t_draft {m['t_draft_ms']:.3f} "
+               f"ms, passes of K+1: {verify}; at the seed's acceptance (r' {m['seed_r_prime']}, K {m['seed_K']}) "
+               f"**{m['predicted_at_seed']:.2f}x** predicted (the seed measured {m['seed_measured']}x)")
+  return "\n\n".join(out)
+
+def md_cold(d) -> str:
+  return f"## A cold run\n\n`{d.get('command')}`: first token after **{fmt(d.get('first_token_s'), '.1f')} s**, " \
+         f"done after {fmt(d.get('total_s'), '.1f')} s (exit {d.get('returncode')}).\n\n" + \
+         "\n".join(f"    {n}" for n in d.get("notices", []))
+
+def md_search(d) -> str:
+  rows = [[r["model"], r["dtype"], r["search"], f"{r['decode_ms']:.3f}", f"{r['first_call_s']:.1f}"]
+          for r in d.get("rows", [])]
+  return "## BEAM search\n\n" + table(["model", "dtype", "--search", "decode ms", "first call s"], rows)
+
+MARKDOWN = {"device": md_device, "kernels": md_kernels, "choice": md_choice, "passes": md_passes, "speedup": md_speedup,
+            "cold": md_cold, "search": md_search}
+FLOOR = [0.0]   # the device stage's floor bandwidth, for the passes' table
+
+# ***** packing the deep pair to travel *****
+
+def pack(out:pathlib.Path, names=("docs-deep", "docs-draft")) -> None:
+  """The shared deep pair as it travels to a machine of limited upload: float16, each weight's two bytes in planes,
+  xz-compressed (59 MB for both, against 147 MB of float32), with GPT-2's tokenizer beside them."""
+  import lzma, numpy as np
+  from conftest import read_safetensors
+  for name in names:
+    stored = read_safetensors(SHARED / name / "model.safetensors")
+    weights = {k: v for k, v in stored.items() if not k.endswith(".attn.bias")}   # the causal mask: not a weight
+    raw = np.frombuffer(b"".join(v.astype(np.float16).tobytes() for v in weights.values()), np.uint8).reshape(-1, 2)
+    (d := out / name).mkdir(parents=True, exist_ok=True)
+    shutil.copy(SHARED / name / "config.json", d / "config.json")
+    (d / "shapes.json").write_text(json.dumps({k: list(v.shape) for k, v in weights.items()}))
+    (d / "weights.xz").write_bytes(lzma.compress(raw[:, 1].tobytes() + raw[:, 0].tobytes(), preset=6))
+  shutil.copytree(SHARED / "tiktoken", out / "tiktoken", dirs_exist_ok=True)   # GPT-2's tokenizer, for the prompts
+
+def unpacked(path:pathlib.Path, tmp:pathlib.Path) -> pathlib.Path:
+  """A packed checkpoint (pack()) as a checkpoint directory (float16 safetensors); any other path as it is."""
+  if not (path / "weights.xz").is_file(): return path
+  import lzma, numpy as np, struct
+  shapes = json.loads((path / "shapes.json").read_text())
+  planes = np.frombuffer(lzma.decompress((path / "weights.xz").read_bytes()), np.uint8)
+  half = np.stack([planes[len(planes) // 2:], planes[:len(planes) // 2]], 1).reshape(-1).view(np.float16)
+  header, blobs, offset = {}, [], 0
+  for k, shape in shapes.items():
+    n = math.prod(shape)
+    blobs.append(half[offset:offset + n].tobytes()); offset += n
+    header[k] = {"dtype": "F16", "shape": shape, "data_offsets": [sum(map(len, blobs[:-1])), sum(map(len, blobs))]}
+  (d := tmp / path.name).mkdir(exist_ok=True)
+  shutil.copy(path / "config.json", d / "config.json")
+  h = json.dumps(header).encode()
+  (d / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+  return d
+
+# ***** the command *****
+
+RUN = {"device": device_stage, "kernels": kernels_stage, "choice": choice_stage, "passes": passes_stage,
+       "speedup": speedup_stage, "cold": cold_stage, "search": search_stage}
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", metavar="DIR", help="where each stage writes its JSON and markdown (created)")
+  ap.add_argument("--tiny", action="store_true", help="tiny models in every stage: minutes on any device")
+  ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="the stages to run (all)")
+  ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for the whole report (default {BUDGET})")
+  ap.add_argument("--pair", nargs=2, metavar=("TARGET", "DRAFT"), help="the trained pair, as checkpoint directories or "
+                  "packed by --pack (default: ../shared/models/docs-deep and docs-draft where they are)")
+  ap.add_argument("--slack", type=float, default=0, help="multiply every stage's time limit and the budget by this "
+                  f"(default 1, --tiny {TINY_SLACK}; a CPU runs the full report in hours, not minutes)")
+  ap.add_argument("--pack", metavar="DIR", help="pack the shared deep pair into DIR to travel, and exit")
+  ap.add_argument("--wheels", metavar="DIR", help="wheels to install where tinygrad cannot be imported")
+  ap.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)   # one stage, in this process
+  args = ap.parse_args()
+  if args.pack: pack(pathlib.Path(args.pack)); return 0
+  if not args.out: ap.error("--out DIR is required")
+  bootstrap(args.wheels)
+  out = pathlib.Path(args.out)
+  if args.stage:   # a child: the device's floor from the device stage, for the tables
+    with contextlib.suppress(Exception): FLOOR[0] = json.loads((out / "device.json").read_text())["floor_bandwidth"]
+    st = Stage(out, args.stage, args.tiny, args.pair)
+    RUN[args.stage](st)
+    if args.stage in ("device",): st.save(complete=True)
+    return 0 if st.data.get("complete") else 1
+  out.mkdir(parents=True, exist_ok=True)
+  env, t_start, failed = environment(out, args.pair), time.perf_counter(), []
+  scale = args.slack or (TINY_SLACK if args.tiny else 1)
+  budget = args.budget * scale
+  for name in args.stages:
+    left = budget - (time.perf_counter() - t_start)
+    limit = min(STAGES[name] * scale or left, left)
+    if limit < 5:
+      print(f"{name}: not run, {left:.0f} s of the budget left", flush=True); failed.append(name); continue
+    cmd = [sys.executable, __file__, "--stage", name, "--out", str(out)] + (["--tiny"] if args.tiny else []) + \
+          (["--pair", *args.pair] if args.pair else [])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try: code = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL); proc.wait(); code = "cut at its limit"
+    seconds = time.perf_counter() - t0
+    path = out / f"{name}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {"stage": name, "complete": False}
+    data.update(seconds=seconds, limit=limit, exit=code)
+    path.write_text(json.dumps(data, indent=1))
+    print(f"{name}: {'done' if code == 0 else code} in {seconds:.0f} s (limit {limit:.0f} s)", flush=True)
+    if code != 0: failed.append(name)
+  parts = [(out / f"{n}.md").read_text() for n in args.stages if (out / f"{n}.md").is_file()]
+  (out / "report.md").write_text("\n\n".join(parts) + "\n")
+  ended = f"failed or cut: {', '.join(failed)}" if failed else "all complete"
+  print(f"{out / 'report.md'}: {len(parts)} stages; {ended}")
+  return 1 if failed else 0
+
+if __name__ == "__main__": sys.exit(main())
