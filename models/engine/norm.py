@@ -84,8 +84,8 @@ def ways(C:int) -> list:
 
 def choose(T:int, norms:list[LayerNorm], dtype) -> str|int|None:
   """The way T rows are normalized fastest, of those that compute what tinygrad's does, over the first MEASURED_NORMS of
-  these (a model's): each captured and timed on random rows, once per machine; the stats kernel's other work-group sizes only while its
-  first is close."""
+  these (a model's): each captured and timed on random rows, once per machine; the stats kernel's other work-group
+  sizes only while its first is close."""
   C = norms[0].weight.shape[0]
   key = (T, C, dtype)
   if key not in use:
