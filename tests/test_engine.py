@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.engine.realize import get_graph_runtime
-from tinygrad.uop.ops import Ops
+from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from tinygrad.codegen import to_program_cache
 import models, spec
 from models import GPT2, GPT2Config, engine
@@ -129,7 +129,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   costs, timed = {None: 2.0, "lanes": 1.5, (64, 1): 1.0, (32, 1): 0.5}, []
-  monkeypatch.setattr(linear, "apply", lambda x, w, b=None, way=None: timed.append((way, x.shape)) or x)
+  monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
   monkeypatch.setattr(linear, "captured", lambda fn, x: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
   monkeypatch.setattr(measure, "MEASURE_BYTES", 24 * 32 * 4 * 2)
   weights, biases = [Tensor.empty(24, 32)] * 3, [Tensor.empty(24)] * 3
@@ -515,3 +515,91 @@ def assert_rounding_apart(engine_pair, plain_pair, prompt, ours, port, what):
   context = prompt + ours[:i]
   for model, reference in zip(engine_pair, plain_pair):
     assert_close(model(context, 0)[-1].numpy(), reference(context, 0)[-1].numpy())
+
+# ***** the measured choice compares what a pass runs *****
+
+def work_groups_or_none(what:str):
+  """Where the device has no work-groups (tinygrad's CPU backend) the engine's GPU kernels are no candidate: nothing to
+  plant; the test checks that instead."""
+  if not measure.work_groups():
+    assert not any(isinstance(w, (int, tuple)) for w in linear.ways(1, 64, 64) + attention.ways(16)), what
+    return True
+  return False
+
+@pytest.mark.backend
+@pytest.mark.gpu
+def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, disk, capfd):
+  """linear.choose() compares each candidate in the form a block runs it: a matvec kernel right as a bare x @ w.T + b
+  but wrong with its layer norm folded in (its eps far off) drops out with one line; the bare form still runs it."""
+  if work_groups_or_none("matvec"): return
+  right = matvec.matvec_kernel
+  def planted(*args, norm=None, **kw): return right(*args, norm=None if norm is None else norm + 10, **kw)
+  monkeypatch.setattr(matvec, "matvec_kernel", planted)
+  monkeypatch.setattr(linear, "use", {})
+  monkeypatch.setattr(linear, "lost", set())
+  rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
+  f = lambda *shape: Tensor(rng.standard_normal(shape).astype(np.float32)).cast(half).realize()
+  N, C = 32, 256
+  weights, biases = [f(N, C) * 0.1 for _ in range(2)], [f(N) for _ in range(2)]
+  lns = [types.SimpleNamespace(weight=f(C), bias=f(C), eps=1e-5) for _ in range(2)]
+  way = linear.choose(3, weights, biases, half, lns=lns)
+  lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
+  assert not isinstance(way, tuple) and lines and all("with its layer norm" in l for l in lines), (way, lines)
+  assert not any(kind == "spec_linear" for kind, _ in disk), "a choice with a wrong candidate was cached"
+  x = f(3, C)
+  np.testing.assert_allclose(matvec.linear(x, weights[0], biases[0], kernel=matvec.options(N, C)[0]).float().numpy(),
+                             matvec.formula(x, weights[0], biases[0]).float().numpy(), rtol=tolerance(), atol=tolerance())
+
+def combine_without_its_stores(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) -> UOp:
+  """attention.combine_kernel() planted wrong: the chunks combined, the block's keys and values never written."""
+  (_, H, T, _, E), D = parts.shape, parts.shape[-1] - 2
+  J = (pos + T + length - 1) // length
+  h, t, d = UOp.range(H, 0), UOp.range(T, 1), UOp.range(D, 2, AxisType.LOCAL)
+  j1, j2, j3 = (UOp.range(J, 3 + i, AxisType.REDUCE) for i in range(3))
+  m = parts[0, h, t, j1, D].reduce(j1, arg=Ops.MAX)
+  weight = lambda j: (parts[0, h, t, j, D] - m).exp()
+  num = (weight(j2) * parts[0, h, t, j2, d]).reduce(j2, arg=Ops.ADD)
+  den = (weight(j3) * parts[0, h, t, j3, D + 1]).reduce(j3, arg=Ops.ADD)
+  store = out[0, t, h * D + d].store((num / den).cast(out.dtype))
+  return UOp.group(store).end(h, t, d).sink(arg=KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=()))
+
+@pytest.mark.backend
+@pytest.mark.gpu
+def test_an_attention_that_leaves_the_cache_unwritten_never_wins(monkeypatch, disk, capfd):
+  """attention.choose() counts the cache a candidate writes among its outputs, on fresh caches for each: the GPU
+  design with a combine kernel that never stores the block's keys and values (its attention right at the first
+  context) drops out with one line."""
+  if work_groups_or_none("chunks"): return
+  monkeypatch.setattr(attention, "combine_kernel", combine_without_its_stores)
+  monkeypatch.setattr(attention, "use", {})
+  layers = [layer(2, 128, 16) for _ in range(2)]
+  caches = [a.cache_kv.numpy() for a in layers]
+  way = attention.choose(2, layers, dtypes.float32)
+  lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
+  assert not isinstance(way, int) and lines and all("attention kernels" in l for l in lines), (way, lines)
+  assert all((a.cache_kv.numpy() == c).all() for a, c in zip(layers, caches)), "the model's caches were written"
+
+@pytest.mark.backend
+@pytest.mark.gpu
+@pytest.mark.parametrize("C", [768, 1600])
+def test_one_pass_layer_norms_cancel_nothing_at_a_massive_element(C):
+  """The layer norms that sum a row in one pass (the stats kernel, the matvec kernel's fused norm; float32) stay within
+  1e-5 of each output row's scale of the float64 definition at gpt2's and gpt2-xl's widths wherever a massive value
+  sits: the first element (what the sums were shifted by, which cancelled 3e-4 of the row), the middle, the last,
+  elsewhere; beside a row whose mean is far from 0. The row kernel and tinygrad's take two passes."""
+  if work_groups_or_none("norms"): return
+  rng = np.random.default_rng(C)
+  rows = [0, C // 2, C - 1, 7]
+  x = rng.standard_normal((len(rows) + 1, C)).astype(np.float32)
+  for t, at in enumerate(rows): x[t, at] = measure.MASSIVE * (-1) ** t
+  x[-1] += 20
+  w, b = 1 + 0.1 * rng.standard_normal(C).astype(np.float32), 0.1 * rng.standard_normal(C).astype(np.float32)
+  W = (rng.standard_normal((8, C)) * 0.05).astype(np.float32)
+  xs = x.astype(np.float64)
+  normed = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-5) * w + b
+  ln = types.SimpleNamespace(weight=Tensor(w), bias=Tensor(b), eps=1e-5)
+  row_error = lambda got, want: (np.abs(got - want).max(-1) / np.abs(want).max(-1)).max()
+  for group in norm.groups(C)[:1]:
+    assert row_error(norm.layer_norm(Tensor(x), Tensor(w), Tensor(b), 1e-5, group).numpy(), normed) < 1e-5, group
+  kernel = matvec.options(8, C)[0]
+  assert row_error(matvec.linear(Tensor(x), Tensor(W), kernel=kernel, ln=ln).numpy(), normed @ W.T.astype(np.float64)) < 1e-5

@@ -12,7 +12,7 @@ models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own ke
 """
 from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
-from tinygrad import Tensor, TinyJit, Device, Context
+from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
 from models.engine import attention, linear, norm, replay, store
 from models.engine.measure import half_pays
@@ -42,7 +42,7 @@ class Block:
     h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, ln=self.ln_2, gelu=True)
     y = linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x)
     # the port's bound on what tinygrad fuses; the matvec kernel's output is a buffer of its own (a copy otherwise)
-    return y if isinstance(linear.chosen(h, mlp.c_proj.weight, mlp.c_proj.bias), tuple) else y.contiguous()
+    return y if isinstance(linear.chosen(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x), tuple) else y.contiguous()
 
 def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
@@ -59,14 +59,18 @@ def choose_kernels(model:GPT2, widths) -> None:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over its
   layers, and the lm_head), attention and the layer norms fastest: the engine's or tinygrad's."""
   blocks = model.h
-  roles = [[b.attn.c_attn for b in blocks], [b.attn.c_proj for b in blocks], [b.mlp.c_fc for b in blocks],
-           [b.mlp.c_proj for b in blocks]]
-  groups = [([l.weight for l in role], [l.bias for l in role]) for role in roles] + [([model.wte.weight], None)]
+  # each linear role in the form a block runs it (engine.Block): its weights, biases and what surrounds it
+  roles = [([b.attn.c_attn for b in blocks], dict(lns=[b.ln_1 for b in blocks])),
+           ([b.attn.c_proj for b in blocks], dict(residual=True)),
+           ([b.mlp.c_fc for b in blocks], dict(lns=[b.ln_2 for b in blocks], gelu=True)),
+           ([b.mlp.c_proj for b in blocks], dict(residual=True))]
+  groups = [([l.weight for l in role], [l.bias for l in role], form) for role, form in roles] + \
+           [([model.wte.weight], None, dict(dtype=dtypes.float32))]   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   with notice(what), replay.graph(Device.DEFAULT):
     for T in sorted(widths):
-      for weights, biases in groups: linear.choose(T, weights, biases, model.dtype)
+      for weights, biases, form in groups: linear.choose(T, weights, biases, model.dtype, **form)
       attention.choose(T, [b.attn for b in blocks], model.dtype)
       norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype)
 

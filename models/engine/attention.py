@@ -178,19 +178,24 @@ def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way=ASK) -> Tensor:
   return kernels(qkv, attn.cache_kv, start_pos)
 
 def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
-  """The way a pass of T rows attends fastest, of those that compute what tinygrad's does: each captured and timed over
-  some of these layers on random caches and rows at a short and a long context (positions P/16 and 3P/4), once per
-  machine; the GPU design's second chunk length only while its first is close."""
+  """The way a pass of T rows attends fastest, of those that compute what tinygrad's does, the cache they write
+  included: each captured and timed over some of these layers, on random caches of their own (fresh for each way: the
+  model's stay as they are) and random rows, at a short and a long context (positions P/16 and 3P/4), its outputs at
+  each context and the caches after it compared; once per machine; the GPU design's second chunk length only while its
+  first is close."""
   _, _, H, P, D = layers[0].cache_kv.shape
   key = (T, H, P, D, dtype)
   if key not in use:
-    shells = [copy.copy(a) for a in layers[:MEASURED_LAYERS]]   # their own caches: the model's stay as they are
-    for i, a in enumerate(shells): a.cache_kv = random(*a.cache_kv.shape, dtype=dtype, seed=i)
     qkv = random(1, T, 3 * H * D, dtype=dtype)
     contexts = [UOp.variable("pos", 0, P - T).bind(min(p, P - T)) for p in (P // 16, 3 * P // 4)]
     def run(way):
-      runs = [captured(lambda qkv, p: [apply(a, qkv, p, way).realize() for a in shells], qkv, pos) for pos in contexts]
-      return sum(r[0] for r in runs), [o for r in runs for o in r[1]]
+      shells = [copy.copy(a) for a in layers[:MEASURED_LAYERS]]
+      for i, a in enumerate(shells): a.cache_kv = random(*a.cache_kv.shape, dtype=dtype, seed=i)
+      seconds, outputs = 0.0, []
+      for pos in contexts:
+        cost, out = captured(lambda qkv, p: [apply(a, qkv, p, way).realize() for a in shells], qkv, pos)
+        seconds, outputs = seconds + cost, outputs + out + [a.cache_kv.numpy() for a in shells]
+      return seconds, outputs
     code = "".join(inspect.getsource(f) for f in (scores_kernel, values_kernel, wide_scores_kernel, chunks_kernel,
                                                   combine_kernel, block_or_cache, kernels, chunked, apply, rows))
     candidates = {w: functools.partial(run, w) for w in ways(D)}

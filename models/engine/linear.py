@@ -6,11 +6,11 @@ kernel where it runs, in tinygrad's operations elsewhere.
 from __future__ import annotations
 import functools, inspect, math
 from tinygrad import Tensor, dtypes
-from models.engine import lanes, matvec, norm
-from models.engine.measure import PRUNE, captured, enough, fastest, random
+from models.engine import lanes, matvec, measure, norm
+from models.engine.measure import PRUNE, captured, enough, fastest
 
-# (T, N, C, x dtype, weight dtype, bias) -> None (tinygrad's matmul), "lanes", or the matvec kernel's (group, outputs):
-# what choose() measured on this device
+# (T, N, C, x dtype, weight dtype, bias, form) -> None (tinygrad's matmul), "lanes", or the matvec kernel's (group,
+# outputs): what choose() measured on this device; form(): what surrounds the layer in a block, a different kernel each
 use: dict[tuple, str|tuple[int, int]|None] = {}
 # (T, x dtype): the matvec kernel lost clearly (its first option over PRUNE x the fastest) to a role of this width:
 # the process times it on no other (a CPU's OpenCL, where it loses every time, compiles it once a width)
@@ -20,44 +20,64 @@ ASK = object()   # apply()'s way: as use holds
 def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None,
           way=ASK) -> Tensor:
   """residual + GELU(ln(x) @ w.T + b) in dtype (default x's), each part where given; ln: a layer norm (weight, bias,
-  eps). way: as choose() measured for these shapes (else tinygrad's), or None, "lanes", (group, outputs)."""
-  if way is ASK: way = chosen(x, w, b)
+  eps). way: as choose() measured for these shapes and this form (else tinygrad's), or None, "lanes", (group, outputs);
+  where a way is given, a layer norm outside the kernel is the norm's formula (what the choice compares)."""
+  asked = way is ASK
+  if asked: way = chosen(x, w, b, dtype, ln, gelu, residual)
   if isinstance(way, tuple): return matvec.linear(x, w, b, dtype, way, ln, gelu, residual)
-  if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
+  if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps, norm.ASK if asked else None)
   y = lanes.linear(x, w, dtype) if way == "lanes" else lanes.formula(x, w, dtype)
   if b is not None: y = y + b
   if gelu: y = y.gelu()
   return y if residual is None else residual + y
 
-def chosen(x:Tensor, w:Tensor, b:Tensor|None=None) -> str|tuple[int, int]|None:
-  """The way choose() measured for x @ w.T (+ b), else tinygrad's (None)."""
+def form(x:Tensor, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None) -> tuple:
+  """What a block runs around a layer (the layer norm before it, GELU, the residual add, the output dtype): a kernel of
+  its own for each, chosen apart."""
+  return ln is not None, gelu, residual is not None, dtype or x.dtype
+
+def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None):
+  """The way choose() measured for apply(x, w, b, dtype, ln, gelu, residual), else tinygrad's (None)."""
   *B, C = x.shape
-  return use.get((math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None))
+  return use.get((math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, form(x, dtype, ln, gelu, residual)))
 
 def ways(T:int, N:int, C:int) -> list:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first."""
   return [None] + (["lanes"] if lanes.fits(N, C) else []) + (matvec.options(N, C) if matvec.fits(N, C) else [])
 
-def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype) -> str|tuple[int, int]|None:
-  """The way T rows times these same-shape weights (and biases) run fastest, of those that compute what tinygrad's
-  matmul computes: each captured and timed over enough of the weights in turn (as in a pass, they stream from memory)
-  on random rows, once per machine. The matvec kernel's later options are timed only while its first is close, and in a
-  process where it lost clearly to another role at this width, not at all."""
+def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype=None, lns:list|None=None,
+           gelu:bool=False, residual:bool=False) -> str|tuple[int, int]|None:
+  """The way T rows times these same-shape weights (and biases) run fastest in the form a block runs them (after the
+  layer norms lns, one a weight; GELU; a residual add; output dtype), of those that compute what tinygrad's formula of
+  that form computes: each captured and timed over enough of the weights in turn (as in a pass, they stream from
+  memory) on rows shaped like the layer's inputs in GPT-2 (measure.activations() before a layer norm), once per
+  machine. The matvec kernel's later options are timed only while its first is close, and in a process where it lost
+  clearly to another role at this width, not at all."""
   (N, C), bias = weights[0].shape, biases is not None
-  key = (T, N, C, x_dtype, weights[0].dtype, bias)
+  # a layer norm's input is the residual stream; the other layers' (attention's, GELU's outputs) are of order 1
+  x = measure.activations(T, C, dtype=x_dtype) if lns else measure.random(T, C, dtype=x_dtype)
+  r = measure.random(T, N, dtype=x_dtype, seed=1) if residual else None
+  key = (T, N, C, x_dtype, weights[0].dtype, bias, form(x, dtype, lns and lns[0], gelu, r))
   if key not in use:
     weights = enough(weights)
     biases = biases[:len(weights)] if bias else [None] * len(weights)
-    x = random(T, C, dtype=x_dtype)
-    def run(way): return captured(lambda x: [apply(x, w, b, way=way).realize() for w, b in zip(weights, biases)], x)
-    code = inspect.getsource(matvec.matvec_kernel), inspect.getsource(lanes.lanes_kernel), inspect.getsource(apply)
+    lns = lns[:len(weights)] if lns else [None] * len(weights)
+    def run(way):
+      layers = list(zip(weights, biases, lns))
+      return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x)
+    code = [inspect.getsource(f) for f in (matvec.matvec_kernel, lanes.lanes_kernel, apply, norm.shift)]
     candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
     use[key] = fastest("spec_linear", (key, *code), {w: functools.partial(run, w) for w in candidates},
-                       f"linear kernel ({T} rows x ({N}, {C}))", x_dtype,
+                       f"linear kernel ({T} rows x ({N}, {C}){describe(key[-1])})", x_dtype,
                        family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs)
     first = next((w for w in candidates if isinstance(w, tuple)), None)
     if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()): lost.add((T, x_dtype))
   return use[key]
+
+def describe(f:tuple) -> str:
+  """A form() in words: " with its layer norm and GELU", or nothing."""
+  parts = [name for name, on in zip(("its layer norm", "GELU", "the residual add"), f[:3]) if on]
+  return f" with {' and '.join(parts)}" if parts else ""
 
 class Linear:
   """An nn.Linear (the same weight and bias, the same state names) computed by apply()."""

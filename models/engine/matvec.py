@@ -19,6 +19,7 @@ from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.engine.measure import work_groups
+from models.engine.norm import shift
 
 # the options measured, the likeliest first (its time decides whether the rest are timed: measure.fastest); a load's
 # elements
@@ -33,8 +34,8 @@ def matvec_kernel(out:UOp, x:UOp, w:UOp, *extra:UOp, group:int, outputs:int, nor
                   gelu:bool=False, residual:bool=False) -> UOp:
   """out[t, n] = sum_k x[t, k] * w[n, k], then + bias[n], GELU, + residual[t, n] as asked, float32 inside; x (T, C),
   w (N, C), out (T, N) in its dtype. extra: the layer norm's weight g and bias h (norm: its eps), the bias, the
-  residual, in that order. With norm, x is first normalized, without a pass of its own: with d = x[t] - x[t, 0] (the
-  sums shifted by the row's first element lose nothing to a mean far from 0), m = mean d, r = 1 / sqrt(var d + eps),
+  residual, in that order. With norm, x is first normalized, without a pass of its own: with d = x[t] - shift (the
+  sums shifted near the row's mean: norm.shift()), m = mean d, r = 1 / sqrt(var d + eps),
     sum_k ((d_k - m) r g_k + h_k) w_nk = r (sum_k d_k g_k w_nk - m sum_k g_k w_nk) + sum_k h_k w_nk,
   five sums over k in the same loop. The reduction unrolled by a vector load, padded to and split over group threads,
   outputs outputs a thread, every row in registers."""
@@ -47,7 +48,7 @@ def matvec_kernel(out:UOp, x:UOp, w:UOp, *extra:UOp, group:int, outputs:int, nor
   add = lambda u: u.reduce(k, arg=Ops.ADD)
   if norm is None: y = add(f32(x[t, k]) * f32(w[n, k]))
   else:
-    d, wg = f32(x[t, k]) - f32(x[t, 0]), f32(g[k]) * f32(w[n, k])
+    d, wg = f32(x[t, k]) - shift(lambda i: f32(x[t, i]), C), f32(g[k]) * f32(w[n, k])
     m, var = add(d) * (1 / C), add(d * d) * (1 / C)
     rstd = ((var - m * m).maximum(0) + norm).rsqrt()   # a difference of float32 sums can round below 0
     y = (add(d * wg) - m * add(wg)) * rstd + add(f32(h[k]) * f32(w[n, k]))

@@ -44,13 +44,16 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
   return best if failed else diskcache_put(kind, disk, (best,))[0]
 
 def error(outputs:list[np.ndarray], expected:list[np.ndarray]) -> float:
-  """The largest difference between outputs and expected over the largest expected magnitude; inf where the shapes
-  differ or a value is not finite where expected's is."""
+  """The largest difference between an output and its expected array over that array's largest magnitude, the worst
+  of the outputs (each layer, context and cache alone: a small one wrong is not hidden by a large one right); inf
+  where the shapes differ or a value is not finite where expected's is."""
   if len(outputs) != len(expected) or any(a.shape != b.shape for a, b in zip(outputs, expected)): return math.inf
-  got, want = (np.concatenate([a.astype(np.float64).ravel() for a in arrays]) for arrays in (outputs, expected))
-  if (np.isfinite(got) != np.isfinite(want)).any(): return math.inf
-  finite = np.isfinite(want)
-  return float(np.abs(got[finite] - want[finite]).max(initial=0) / max(np.abs(want[finite]).max(initial=0), 1e-30))
+  def one(got:np.ndarray, want:np.ndarray) -> float:
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    if (np.isfinite(got) != np.isfinite(want)).any(): return math.inf
+    finite = np.isfinite(want)
+    return float(np.abs(got[finite] - want[finite]).max(initial=0) / max(np.abs(want[finite]).max(initial=0), 1e-30))
+  return max((one(a, b) for a, b in zip(outputs, expected)), default=0.0)
 
 def say(text:str) -> None: print(f"spec: {text}", file=sys.stderr, flush=True)
 def why(e:Exception) -> str: return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
@@ -102,6 +105,18 @@ def random(*shape:int, dtype=dtypes.float32, seed:int=0, mean:float=0.0) -> Tens
   """Normal values of this mean from numpy (nothing compiled for them but a cast): a measurement's inputs, so that wrong
   kernels give other outputs."""
   return Tensor((np.random.default_rng(seed).standard_normal(shape) + mean).astype(np.float32)).cast(dtype).realize()
+
+MASSIVE = 3000.0   # GPT-2's residual stream carries a few dimensions in the thousands ("massive activations")
+
+def activations(T:int, C:int, dtype=dtypes.float32, seed:int=0) -> Tensor:
+  """Rows as a layer norm meets them in GPT-2: N(0, 1) with a dimension at -MASSIVE and, in every other row, the
+  first element at +MASSIVE; every third row's mean far from 0."""
+  x = np.random.default_rng(seed).standard_normal((T, C))
+  for t in range(T):
+    x[t, (C // 3 + t) % C] = -MASSIVE
+    if t % 2 == 0: x[t, 0] = MASSIVE
+    if t % 3 == 1: x[t] += 20
+  return Tensor(x.astype(np.float32)).cast(dtype).realize()
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 

@@ -11,7 +11,7 @@ import functools, inspect, math
 from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine.measure import captured, fastest, group_sizes, random, work_groups
+from models.engine.measure import activations, captured, fastest, group_sizes, work_groups
 
 GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
 # (T, C, dtype) -> None (tinygrad's), "row" (norm_kernel) or stats_kernel()'s work-group size: what choose() measured
@@ -36,13 +36,20 @@ def norm_kernel(out:UOp, x:UOp, w:UOp, b:UOp, eps:float) -> UOp:
   # no options: tinygrad's would split the row over threads, each recomputing the row's mean and variance
   return out[t, k].store(y.cast(out.dtype)).end(t, k).sink(arg=KernelInfo(name=f"norm_{T}_{C}", opts_to_apply=()))
 
+def shift(row, C:int) -> UOp|Tensor:
+  """What a row's one-pass sums are shifted by: the median of its first, middle and last elements (row(k): element k,
+  float32), close to the mean, so that a variance taken as a difference of the sums loses nothing to a mean far from 0;
+  a massive element (GPT-2's thousands) moves it only where it is not alone among the three. The first element alone
+  lost 3e-4 of a row whose first element was 3000."""
+  a, b, c = row(0), row(C // 2), row(C - 1)
+  return a.minimum(b).maximum(a.maximum(b).minimum(c))
+
 def stats_kernel(out:UOp, x:UOp, group:int) -> UOp:
-  """out[t] = (sum_k d, sum_k d^2), d = x[t, k] - x[t, 0], float32 inside: a row's sums shifted by its first element, so
-  that the variance taken from them loses nothing to a mean far from 0; each row's sum split over a work-group of
-  group threads, VECTOR elements a load."""
+  """out[t] = (sum_k d, sum_k d^2), d = x[t, k] - shift(x[t]), float32 inside: a row's sums shifted near its mean;
+  each row's sum split over a work-group of group threads, VECTOR elements a load."""
   T, C = x.shape
   t, j, k = UOp.range(T, 0), UOp.range(2, 1, AxisType.UPCAST), UOp.range(C, 2, AxisType.REDUCE)
-  d = x[t, k].cast(dtypes.float32) - x[t, 0].cast(dtypes.float32)
+  d = x[t, k].cast(dtypes.float32) - shift(lambda i: x[t, i].cast(dtypes.float32), C)
   acc = j.eq(0).where(d, d * d).reduce(k, arg=Ops.ADD)
   info = KernelInfo(name=f"stats_{T}_{C}", opts_to_apply=(Opt(OptOps.UNROLL, 0, VECTOR), Opt(OptOps.GROUP, 0, group)))
   return out[t, j].store(acc).end(t, j).sink(arg=info)
@@ -52,14 +59,14 @@ def groups(C:int) -> list[int]:
   return group_sizes(C // VECTOR, GROUPS, 512) if work_groups() and C % VECTOR == 0 else []
 
 def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
-  """formula() from stats_kernel()'s sums: mean = x[0] + S1 / C, variance = S2 / C - (S1 / C)^2."""
+  """formula() from stats_kernel()'s sums: mean = shift + S1 / C, variance = S2 / C - (S1 / C)^2."""
   *B, C = x.shape
   rows = x.reshape(math.prod(B), C)
   out = Tensor.empty(rows.shape[0], 2, dtype=dtypes.float32, device=x.device)
   moments = out.custom_kernel(rows, fxn=functools.partial(stats_kernel, group=group))[0] / C
   d_mean = moments[:, :1]   # the mean of x - x[0]
   # the variance as a difference of float32 sums can round below 0
-  mean, var = rows[:, :1].float() + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
+  mean, var = shift(lambda i: rows[:, i:i + 1].float(), C) + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
 
 def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way=ASK) -> Tensor:
@@ -84,15 +91,15 @@ def ways(C:int) -> list:
 
 def choose(T:int, norms:list[LayerNorm], dtype) -> str|int|None:
   """The way T rows are normalized fastest, of those that compute what tinygrad's does, over the first MEASURED_NORMS of
-  these (a model's): each captured and timed on random rows, once per machine; the stats kernel's other work-group
-  sizes only while its first is close."""
+  these (a model's): each captured and timed on rows shaped like GPT-2's residual stream (measure.activations()), once
+  per machine; the stats kernel's other work-group sizes only while its first is close."""
   C = norms[0].weight.shape[0]
   key = (T, C, dtype)
   if key not in use:
     norms = norms[:MEASURED_NORMS]
-    x = random(T, C, dtype=dtype, mean=20)   # a mean far from 0, as a residual's can be
+    x = activations(T, C, dtype=dtype)
     def run(way): return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way).realize() for n in norms], x)
-    code = "".join(inspect.getsource(f) for f in (norm_kernel, stats_kernel, grouped, layer_norm))
+    code = "".join(inspect.getsource(f) for f in (norm_kernel, shift, stats_kernel, grouped, layer_norm))
     use[key] = fastest("spec_norm", (key, code), {w: functools.partial(run, w) for w in ways(C)},
                        f"layer norm kernel ({T} rows x {C})", dtype,
                        family=lambda w: "stats" if isinstance(w, int) else None)
