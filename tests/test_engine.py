@@ -533,15 +533,16 @@ def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, 
   but wrong with its layer norm folded in (its eps far off) drops out with one line; the bare form still runs it."""
   if work_groups_or_none("matvec"): return
   right = matvec.matvec_kernel
-  def planted(*args, norm=None, **kw): return right(*args, norm=None if norm is None else norm + 10, **kw)
+  def planted(*args, norm=None, **kw): return right(*args, norm=None if norm is None else norm + 1e5, **kw)
   monkeypatch.setattr(matvec, "matvec_kernel", planted)
   monkeypatch.setattr(linear, "use", {})
   monkeypatch.setattr(linear, "lost", set())
+  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3: (fn(), 1.0)[1])   # run once: the emulator is slow
   rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
   f = lambda *shape: Tensor(rng.standard_normal(shape).astype(np.float32)).cast(half).realize()
-  N, C = 32, 256
-  weights, biases = [f(N, C) * 0.1 for _ in range(2)], [f(N) for _ in range(2)]
-  lns = [types.SimpleNamespace(weight=f(C), bias=f(C), eps=1e-5) for _ in range(2)]
+  N, C = 16, 128
+  weights, biases = [f(N, C) * 0.1], [f(N)]
+  lns = [types.SimpleNamespace(weight=f(C), bias=f(C), eps=1e-5)]
   way = linear.choose(3, weights, biases, half, lns=lns)
   lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
   assert not isinstance(way, tuple) and lines and all("with its layer norm" in l for l in lines), (way, lines)
@@ -572,12 +573,13 @@ def test_an_attention_that_leaves_the_cache_unwritten_never_wins(monkeypatch, di
   if work_groups_or_none("chunks"): return
   monkeypatch.setattr(attention, "combine_kernel", combine_without_its_stores)
   monkeypatch.setattr(attention, "use", {})
+  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3: (fn(), 1.0)[1])   # run once: the emulator is slow
   layers = [layer(2, 128, 16) for _ in range(2)]
-  caches = [a.cache_kv.numpy() for a in layers]
+  caches = [a.cache_kv.numpy().tobytes() for a in layers]   # bytes: an unwritten cache may hold NaN's patterns
   way = attention.choose(2, layers, dtypes.float32)
   lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
   assert not isinstance(way, int) and lines and all("attention kernels" in l for l in lines), (way, lines)
-  assert all((a.cache_kv.numpy() == c).all() for a, c in zip(layers, caches)), "the model's caches were written"
+  assert [a.cache_kv.numpy().tobytes() for a in layers] == caches, "the model's caches were written"
 
 @pytest.mark.backend
 @pytest.mark.gpu
