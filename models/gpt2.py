@@ -9,9 +9,10 @@ it unless plain=True.
 from __future__ import annotations
 import functools, json, math, pathlib
 from dataclasses import dataclass
-from tinygrad import Tensor, TinyJit, UOp, Device, dtypes, nn
+from tinygrad import Tensor, TinyJit, UOp, Context, Device, dtypes, nn
 from tinygrad.dtype import DType
-from tinygrad.nn.state import safe_load, get_state_dict, load_state_dict
+import numpy as np
+from tinygrad.nn.state import get_state_dict, safe_dtypes
 from models import hub
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class Attention:
   def __init__(self, cfg:GPT2Config, dtype:DType):
     self.c_attn, self.c_proj = nn.Linear(cfg.n_embd, 3*cfg.n_embd), nn.Linear(cfg.n_embd, cfg.n_embd)
     self.n_head, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
-    self.cache_kv = Tensor.zeros(2, 1, self.n_head, cfg.n_positions, self.head_dim, dtype=dtype).contiguous().realize()
+    # uninitialized: a position is written before it is read, and memory the context has not reached stays untouched
+    self.cache_kv = Tensor.empty(2, 1, self.n_head, cfg.n_positions, self.head_dim, dtype=dtype).realize()
 
   def __call__(self, x:Tensor, start_pos:int|UOp) -> Tensor:
     qkv = self.c_attn(x)                                                                        # (B, T, 3C)
@@ -205,26 +207,47 @@ def read_config(fn:pathlib.Path) -> GPT2Config:
                     layer_norm_epsilon=raw.get("layer_norm_epsilon", 1e-5))
 
 def load_weights(model:GPT2, fn:pathlib.Path) -> GPT2:
+  """The checkpoint's weights into model, each in turn read from the file (not mapped), laid out in host memory
+  (transposed, padded), then cast and realized on the device: a load holds the weights and one tensor's copies."""
   if not fn.is_file(): raise CheckpointError(f"{fn}: missing")
   try:
     end, size = hub.safetensors_extent(fn)
     if end > size: raise ValueError(f"truncated: the header describes {end} bytes, the file has {size}")
-    stored = safe_load(fn)
+    stored, data_start = hub.safetensors_header(fn)
+    stored = {k.removeprefix("transformer."): v for k, v in stored.items()}
   except Exception as e: raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
-  stored = {k.removeprefix("transformer."): v for k, v in stored.items()}
-  weights = {}
-  for k, param in get_state_dict(model).items():
-    if "cache_kv" in k or k.startswith("jits."): continue
+  params = {k: t for k, t in get_state_dict(model).items() if "cache_kv" not in k and not k.startswith("jits.")}
+  for k, param in params.items():   # every name and shape checked before anything is read
     if k not in stored: raise CheckpointError(f"{fn}: missing weight {k}")
-    w = stored[k].to(Device.DEFAULT)
-    if k.endswith(CONV1D): w = w.T
-    stored_shape = (model.cfg.vocab_size, param.shape[1]) if k == "wte.weight" else param.shape  # wte: unpadded
-    if w.shape != stored_shape: raise CheckpointError(f"{fn}: {k} has shape {w.shape}, expected {stored_shape}")
-    if k == "wte.weight": w = w.pad(((0, param.shape[0] - w.shape[0]), None))  # zero rows up to padded_vocab
-    # a buffer of the model's own layout: a transposed or padded view of the file's ran other, slower kernels
-    weights[k] = w.cast(param.dtype).contiguous()
-  load_state_dict(model, weights, strict=False, verbose=False)
+    expected = (model.cfg.vocab_size, param.shape[1]) if k == "wte.weight" else param.shape  # wte: unpadded
+    shape = tuple(stored[k]["shape"])[::-1] if k.endswith(CONV1D) else tuple(stored[k]["shape"])
+    if shape != expected: raise CheckpointError(f"{fn}: {k} has shape {shape}, expected {expected}")
+    if stored[k]["dtype"] not in safe_dtypes: raise CheckpointError(f"{fn}: {k} has dtype {stored[k]['dtype']}")
+  # LRU=0: a tensor's buffers freed as it is cast, not kept for reuse by later buffers of their size
+  with open(fn, "rb") as f, Context(LRU=0):
+    for k, param in params.items():
+      bits = read_bits(f, data_start, stored[k])
+      # laid out in host memory, so that the device holds one copy: the model's layout, not a view of the file's
+      if k.endswith(CONV1D): bits = np.ascontiguousarray(bits.T)
+      if k == "wte.weight": bits = np.pad(bits, ((0, param.shape[0] - bits.shape[0]), (0, 0)))  # zero rows to padded_vocab
+      param.replace(on_device(bits, safe_dtypes[stored[k]["dtype"]]).cast(param.dtype).contiguous().realize())
+      Device[param.device].synchronize()   # the device has copied the tensor: its host memory can go
   return model
+
+def on_device(bits:np.ndarray, dtype:DType) -> Tensor:
+  """bits as dtype's values on the device: viewed as them in numpy where it has the dtype (one copy to the device), else
+  (bfloat16) reinterpreted there."""
+  return Tensor(bits.view(np.dtype(dtype.fmt))) if dtype.fmt else Tensor(bits).bitcast(dtype)
+
+def read_bits(f, data_start:int, entry:dict) -> np.ndarray:
+  """One tensor of a safetensors file (its header's entry) read, not mapped, as unsigned integers of its dtype's size:
+  numpy lays out any dtype's bits (bfloat16's too), the device casts them."""
+  begin, end = entry["data_offsets"]
+  size = safe_dtypes[entry["dtype"]].itemsize
+  f.seek(data_start + begin)
+  bits = np.fromfile(f, np.dtype(f"<u{size}"), (end - begin) // size)
+  if bits.nbytes != end - begin: raise CheckpointError(f"{f.name}: truncated")
+  return bits.reshape(entry["shape"])
 
 def randomize(model:GPT2) -> GPT2:
   """Random weights of GPT-2's initial scale, std 0.02, for benchmarks without a download. Uniform: twice as fast to

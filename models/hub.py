@@ -92,13 +92,17 @@ def _download_weights(repo:str, dest:pathlib.Path) -> None:
     tmp.rename(dest)
   finally: tmp.unlink(missing_ok=True)
 
-def safetensors_extent(fn:pathlib.Path) -> tuple[int, int]:
-  """(bytes the safetensors header describes, bytes the file has): a complete file's first is <= its second."""
+def safetensors_header(fn:pathlib.Path) -> tuple[dict, int]:
+  """A safetensors file's tensors (name -> dtype, shape, data_offsets) and where their data starts."""
   with open(fn, "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]
     header = json.loads(f.read(n))
-  end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-  return 8 + n + end, fn.stat().st_size
+  return {k: v for k, v in header.items() if k != "__metadata__"}, 8 + n
+
+def safetensors_extent(fn:pathlib.Path) -> tuple[int, int]:
+  """(bytes the safetensors header describes, bytes the file has): a complete file's first is <= its second."""
+  header, start = safetensors_header(fn)
+  return start + max((v["data_offsets"][1] for v in header.values()), default=0), fn.stat().st_size
 
 def _check_safetensors(fn:pathlib.Path, what:str) -> None:
   """The header's tensors must all lie within the bytes that arrived (a server may announce a short length)."""

@@ -93,6 +93,11 @@ def sizes(model:models.GPT2) -> tuple[int, int]:
   kv = sum(t.nbytes() for k, t in state.items() if "cache_kv" in k)
   return sum(t.nbytes() for t in {id(t): t for t in state.values()}.values()) - kv, kv
 
+def peak_rss() -> int:
+  """This process's peak resident memory: VmHWM where /proc has it (ru_maxrss on Linux keeps a parent's across exec)."""
+  try: return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024
+  except OSError: return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
 def generate_all(fn, prompts, n) -> tuple[float, int, list, int]:
   """fn over the prompts after a warm-up call on each (JIT capture, the prefill's width):
   (seconds generating, tokens, stats, kernels compiled during the timed calls)."""
@@ -198,6 +203,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   ap.add_argument("--pairs", default="xl,deep,ngram", help="comma-separated: xl (dummy gpt2-xl/gpt2), deep (the trained "
                   "pair docs-deep/docs-draft, 12 prompts x 128 tokens), ngram (docs-target with prompt lookup)")
+  ap.add_argument("--xl", metavar="DIR", help="the xl pair's target from this gpt2-xl checkpoint directory (config.json + "
+                  "model.safetensors) instead of random weights: the load's memory as a user's")
   ap.add_argument("--quick", action="store_true", help="a smoke run: few tokens and repetitions")
   ap.add_argument("--json", metavar="FILE", help="also write every figure to this file")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the models (as spec.py --dtype)")
@@ -216,11 +223,11 @@ def main():
                 results=[])
   print(f"# spec benchmark: {report['machine']}\n")
   if "xl" in pairs:   # first, so that the peak resident memory is this run's
-    target, draft = (load(name, dummy=True) for name in ("gpt2-xl", "gpt2"))
+    target, draft = load(args.xl) if args.xl else load("gpt2-xl", dummy=True), load("gpt2", dummy=True)
     (tw, tk), (dw, dk), target_dtype = sizes(target), sizes(draft), target.dtype.name
-    result = bench_pair("dummy gpt2-xl / gpt2", target, draft, prompts[:1], 8 if args.quick else 24, reps)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    report["memory"] = dict(weight_bytes=tw + dw, kv_bytes=tk + dk, peak_rss=rss)
+    load_rss = peak_rss()
+    result = bench_pair(f"{'' if args.xl else 'dummy '}gpt2-xl / gpt2", target, draft, prompts[:1], 8 if args.quick else 24, reps)
+    report["memory"] = dict(weight_bytes=tw + dw, kv_bytes=tk + dk, load_peak_rss=load_rss, peak_rss=peak_rss())
     report["results"].append(result)
     del target, draft; gc.collect()
   report["bandwidth"] = bws = bandwidth()
@@ -266,8 +273,10 @@ def main():
           + f"; gpt2 decode {xl['t_draft']*1e3:.1f} ms = {xl['t_draft']/(dw/bw):.2f}x its floor ({dw/1e9:.2f} GB)")
     print(f"one core's floor (numpy BLAS, 1 thread): gpt2-xl {x['single_core_floor']*1e3:.0f} ms, decode = "
           f"{xl['t_target']/x['single_core_floor']:.2f}x it (tinygrad's CPU backend runs a process's kernels on one core)")
-    print(f"peak resident memory {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/(mem['weight_bytes']+mem['kv_bytes']):.2f}x "
-          f"(weights {mem['weight_bytes']/1e9:.2f} GB + KV caches {mem['kv_bytes']/1e9:.2f} GB)")
+    held = mem['weight_bytes'] + mem['kv_bytes']
+    print(f"peak resident memory after the load {mem['load_peak_rss']/1e9:.2f} GB = {mem['load_peak_rss']/held:.2f}x, after the "
+          f"run {mem['peak_rss']/1e9:.2f} GB = {mem['peak_rss']/held:.2f}x (weights {mem['weight_bytes']/1e9:.2f} GB + KV caches "
+          f"{mem['kv_bytes']/1e9:.2f} GB, allocated)")
     au = x["auto_at_seed_acceptance"]
     print(f"-K auto at the seed's acceptance (each draft kept with {au['per_token_rate']:.3f}): runs K {au['auto']} most, "
           f"{au['auto_over_best']:.3f} of the best fixed K's predicted speedup in simulated rounds ("

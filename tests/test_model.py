@@ -1,6 +1,6 @@
 """The GPT-2 port, alone (plain) and with the engine: parity with an independent numpy GPT-2, KV cache and rollback,
 the JIT, loading errors."""
-import json
+import json, subprocess, sys
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -8,7 +8,7 @@ from tinygrad.nn.state import get_state_dict
 from tinygrad.uop.ops import Ops
 from tinygrad.codegen import to_program_cache
 import models
-from conftest import TINY, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, \
+from conftest import ROOT, TINY, load, np_gpt2_logits, random_weights, read_safetensors, shared_dir, tolerance, write_checkpoint, \
   write_safetensors
 
 PLAIN = pytest.mark.parametrize("plain", [False, True], ids=["engine", "plain"])
@@ -132,6 +132,33 @@ def test_a_prefill_of_a_new_length_compiles_nothing(tiny):
 def test_size_table_parameter_counts():
   assert {k: round(c.n_params / 1e6) for k, c in models.CONFIGS.items()} == \
     {"gpt2": 124, "gpt2-medium": 355, "gpt2-large": 774, "gpt2-xl": 1558}
+
+LOAD_PEAK = 1.2   # a load's peak resident memory over its weights' bytes, the process's memory before it set aside
+
+PEAK_SCRIPT = """import resource, sys
+import models
+from tinygrad.nn.state import get_state_dict
+def peak() -> int:  # this process's own: ru_maxrss on Linux keeps the parent's across fork and exec
+  try: return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024
+  except OSError: return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+models.check_device()
+before = peak()
+model = models.load(sys.argv[1], "float32", plain=True)
+weights = sum(t.nbytes() for k, t in get_state_dict(model).items() if "cache_kv" not in k and not k.startswith("jits."))
+print(before, peak(), weights)"""
+
+@pytest.mark.backend
+def test_a_load_holds_each_weight_once(tmp_path):
+  """Loading a checkpoint of a few hundred MB raises the process's peak resident memory by at most LOAD_PEAK times its
+  weights (each tensor read, laid out and realized in turn; the file not mapped; the KV cache untouched until used).
+  Until 2026-11-28 a load peaked at 3.1x (gpt2-xl's 6.23 GB: 19.4 GB)."""
+  cfg = dict(n_layer=6, n_head=8, n_embd=1024, vocab_size=2048, n_positions=1024)
+  path = write_checkpoint(tmp_path / "ckpt", cfg, random_weights(cfg, seed=5))
+  run = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path)], capture_output=True, text=True, cwd=ROOT)
+  assert run.returncode == 0, run.stderr[-2000:]
+  before, peak, weights = map(int, run.stdout.split()[-3:])
+  print(f"load: {(peak - before) / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights")
+  assert weights > 300e6 and (peak - before) / weights <= LOAD_PEAK
 
 # ***** bad weights: one clear error naming the file and the problem *****
 
