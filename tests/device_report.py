@@ -295,6 +295,7 @@ def kernel_times(linear, weights:set) -> list[dict]:
 
 def speedup_stage(st:Stage) -> None:
   import gc
+  from tinygrad.helpers import GlobalCounters
   import benchmark, models, spec
   from conftest import PROMPTS
   result = {}
@@ -318,6 +319,7 @@ def speedup_stage(st:Stage) -> None:
       del target, draft; gc.collect()
   dtype = auto_dtype()
   target, draft = model("gpt2-xl", dtype, st.tiny), model("gpt2", dtype, st.tiny)
+  held, load_rss = sum(sum(benchmark.sizes(m)) for m in (target, draft)), benchmark.peak_rss()
   t_target, t_draft = benchmark.forward_time(target, 1), benchmark.forward_time(draft, 1)
   r, K = benchmark.SEED_R_PRIME, benchmark.SEED_K
   t_verify = {K: benchmark.forward_time(target, K + 1)}
@@ -325,6 +327,9 @@ def speedup_stage(st:Stage) -> None:
   result["dummy"] = dict(dtype=dtype, t_target_ms=t_target * 1e3, t_draft_ms=t_draft * 1e3,
                          t_verify_ms={k: v * 1e3 for k, v in t_verify.items()}, seed_r_prime=r, seed_K=K,
                          predicted_at_seed=predicted[K], seed_measured=benchmark.SEED_SPEEDUP)
+  # host memory (a GPU's device memory is its own: what tinygrad has allocated there is device_bytes)
+  result["memory"] = dict(weights_and_kv=held, load_peak_rss=load_rss, peak_rss=benchmark.peak_rss(),
+                          device_bytes=GlobalCounters.mem_used)
   st.save(**result, complete=True)
 
 def tiny_pair(root:pathlib.Path) -> list[pathlib.Path]:
@@ -442,6 +447,10 @@ def md_speedup(d) -> str:
     out.append(f"dummy gpt2-xl / gpt2, {m['dtype']}: t_target {m['t_target_ms']:.3f} ms, t_draft {m['t_draft_ms']:.3f} "
                f"ms, passes of K+1: {verify}; at the seed's acceptance (r' {m['seed_r_prime']}, K {m['seed_K']}) "
                f"**{m['predicted_at_seed']:.2f}x** predicted (the seed measured {m['seed_measured']}x)")
+  if m := d.get("memory"):
+    out.append(f"memory, dummy gpt2-xl / gpt2: weights + KV caches {m['weights_and_kv'] / 1e9:.2f} GB; host peak resident "
+               f"memory after the load {m['load_peak_rss'] / 1e9:.2f} GB, after the passes {m['peak_rss'] / 1e9:.2f} GB; "
+               f"{m['device_bytes'] / 1e9:.2f} GB allocated by tinygrad on the device")
   return "\n\n".join(out)
 
 def md_cold(d) -> str:

@@ -5,12 +5,14 @@ kernel where it runs, in tinygrad's operations elsewhere.
 """
 from __future__ import annotations
 import functools, inspect, math
+from typing import NamedTuple
 from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
 from models.engine import lanes, matvec, measure, norm
 from models.engine.measure import PRUNE, captured, enough, fastest
 
 # (T, N, C, x dtype, weight dtype, bias, form) -> None (tinygrad's matmul), "lanes", or the matvec kernel's (group,
-# outputs): what choose() measured on this device; form(): what surrounds the layer in a block, a different kernel each
+# outputs): what choose() measured on this device for a Form, what surrounds the layer in a block
 use: dict[tuple, str|tuple[int, int]|None] = {}
 # (T, x dtype): the matvec kernel lost clearly (its first option over PRUNE x the fastest) to a role of this width:
 # the process times it on no other (a CPU's OpenCL, where it loses every time, compiles it once a width)
@@ -31,15 +33,22 @@ def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool
   if gelu: y = y.gelu()
   return y if residual is None else residual + y
 
-def form(x:Tensor, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None) -> tuple:
-  """What a block runs around a layer (the layer norm before it, GELU, the residual add, the output dtype): a kernel of
-  its own for each, chosen apart."""
-  return ln is not None, gelu, residual is not None, dtype or x.dtype
+class Form(NamedTuple):
+  """What a block runs around a layer, a kernel of its own for each (chosen apart): a layer norm before it, GELU, a
+  residual add, the output dtype."""
+  ln: bool
+  gelu: bool
+  residual: bool
+  dtype: DType
+  def __str__(self) -> str:
+    parts = [name for name, on in zip(("its layer norm", "GELU", "the residual add"), self[:3]) if on]
+    return f" with {' and '.join(parts)}" if parts else ""
 
 def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None):
   """The way choose() measured for apply(x, w, b, dtype, ln, gelu, residual), else tinygrad's (None)."""
   *B, C = x.shape
-  return use.get((math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, form(x, dtype, ln, gelu, residual)))
+  around = Form(ln is not None, gelu, residual is not None, dtype or x.dtype)
+  return use.get((math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, around))
 
 def ways(T:int, N:int, C:int) -> list:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first."""
@@ -54,11 +63,11 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
   machine. The matvec kernel's later options are timed only while its first is close, and in a process where it lost
   clearly to another role at this width, not at all."""
   (N, C), bias = weights[0].shape, biases is not None
-  # a layer norm's input is the residual stream; the other layers' (attention's, GELU's outputs) are of order 1
-  x = measure.activations(T, C, dtype=x_dtype) if lns else measure.random(T, C, dtype=x_dtype)
-  r = measure.random(T, N, dtype=x_dtype, seed=1) if residual else None
-  key = (T, N, C, x_dtype, weights[0].dtype, bias, form(x, dtype, lns and lns[0], gelu, r))
+  key = (T, N, C, x_dtype, weights[0].dtype, bias, Form(bool(lns), gelu, residual, dtype or x_dtype))
   if key not in use:
+    # a layer norm's input is the residual stream; the other layers' (attention's, GELU's outputs) are of order 1
+    x = measure.activations(T, C, dtype=x_dtype) if lns else measure.random(T, C, dtype=x_dtype)
+    r = measure.random(T, N, dtype=x_dtype, seed=1) if residual else None
     weights = enough(weights)
     biases = biases[:len(weights)] if bias else [None] * len(weights)
     lns = lns[:len(weights)] if lns else [None] * len(weights)
@@ -68,16 +77,11 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     code = [inspect.getsource(f) for f in (matvec.matvec_kernel, lanes.lanes_kernel, apply, norm.shift)]
     candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
     use[key] = fastest("spec_linear", (key, *code), {w: functools.partial(run, w) for w in candidates},
-                       f"linear kernel ({T} rows x ({N}, {C}){describe(key[-1])})", x_dtype,
+                       f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
                        family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs)
     first = next((w for w in candidates if isinstance(w, tuple)), None)
     if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()): lost.add((T, x_dtype))
   return use[key]
-
-def describe(f:tuple) -> str:
-  """A form() in words: " with its layer norm and GELU", or nothing."""
-  parts = [name for name, on in zip(("its layer norm", "GELU", "the residual add"), f[:3]) if on]
-  return f" with {' and '.join(parts)}" if parts else ""
 
 class Linear:
   """An nn.Linear (the same weight and bias, the same state names) computed by apply()."""
