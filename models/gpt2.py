@@ -229,7 +229,7 @@ def load_weights(model:GPT2, fn:pathlib.Path) -> GPT2:
       bits = read_bits(f, data_start, stored[k])
       # laid out in host memory, so that the device holds one copy: the model's layout, not a view of the file's
       if k.endswith(CONV1D): bits = np.ascontiguousarray(bits.T)
-      if k == "wte.weight": bits = np.pad(bits, ((0, param.shape[0] - bits.shape[0]), (0, 0)))  # zero rows to padded_vocab
+      if k == "wte.weight": bits = np.pad(bits, ((0, param.shape[0] - bits.shape[0]), (0, 0)))  # to padded_vocab
       param.replace(on_device(bits, safe_dtypes[stored[k]["dtype"]]).cast(param.dtype).contiguous().realize())
       Device[param.device].synchronize()   # the device has copied the tensor: its host memory can go
   return model
