@@ -1,8 +1,9 @@
 """GPT-2 (Radford et al. 2019) on tinygrad: the port that spec.py's sampler runs, in plain Tensor operations.
 
 The model returns every position's logits and never samples: the sampler needs the K+1 distributions of one verify
-pass. The KV cache is preallocated; it holds what the model has seen up to the position the caller passes next, so
-rolling back r tokens is calling with a start position r smaller (stale entries are overwritten before they are read).
+pass. The KV cache is preallocated, not initialized; it holds what the model has seen up to the position the caller
+passes next, so each call continues from there, and rolling back r tokens is calling with a start position r smaller
+(stale entries are overwritten before they are read; a call past the cache's end would attend over unwritten memory).
 The engine (models/engine/) replaces some of these modules' computations with kernels of its own; models.load() applies
 it unless plain=True.
 """
