@@ -64,7 +64,7 @@ def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   rows = x.reshape(math.prod(B), C)
   out = Tensor.empty(rows.shape[0], 2, dtype=dtypes.float32, device=x.device)
   moments = out.custom_kernel(rows, fxn=functools.partial(stats_kernel, group=group))[0] / C
-  d_mean = moments[:, :1]   # the mean of x - x[0]
+  d_mean = moments[:, :1]   # the mean of x - shift
   # the variance as a difference of float32 sums can round below 0
   mean, var = shift(lambda i: rows[:, i:i + 1].float(), C) + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
