@@ -39,8 +39,7 @@ def norm_kernel(out:UOp, x:UOp, w:UOp, b:UOp, eps:float) -> UOp:
 def shift(row, C:int) -> UOp|Tensor:
   """What a row's one-pass sums are shifted by: the median of its first, middle and last elements (row(k): element k,
   float32), close to the mean, so that a variance taken as a difference of the sums loses nothing to a mean far from 0;
-  a massive element (GPT-2's thousands) moves it only where it is not alone among the three. The first element alone
-  lost 3e-4 of a row whose first element was 3000."""
+  a massive element (GPT-2's thousands) moves it only where it is not alone among the three (docs/engine.md)."""
   a, b, c = row(0), row(C // 2), row(C - 1)
   return a.minimum(b).maximum(a.maximum(b).minimum(c))
 
