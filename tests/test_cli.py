@@ -26,7 +26,6 @@ def test_help_explains_every_flag():
   assert "default: gpt2-xl" in out.stdout and "(default: 2)" in out.stdout and "default: block" in out.stdout
 
 @pytest.mark.backend
-@pytest.mark.long
 def test_json_with_compare(capsys):
   code, out, _ = run(pair() + ["--prompt", "A dictionary is", "-n", "12", "--compare", "--json"], capsys)
   assert code == 0
@@ -49,7 +48,6 @@ def test_plain_generates_what_the_engine_generates(capsys):
     outputs.append(json.loads(out))
   assert [o["plain"] for o in outputs] == [False, True] and outputs[0]["tokens"] == outputs[1]["tokens"]
 
-@pytest.mark.long
 def test_prompt_lookup_with_auto_lookahead(capsys):
   code, out, _ = run(pair()[:2] + ["--search", "0", "--draft", "ngram", "-K", "auto", "--prompt", "A list is a list. A list is", "-n", "16",
                                    "--compare", "--json"], capsys)
@@ -111,6 +109,7 @@ def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
   (["--search", "-1"], "search must be >= 0"),
   (["--plain", "--search", "1"], "--search is the engine's kernel search: drop --plain to use it"),
 ])
+@pytest.mark.quick
 def test_bad_input_one_line_exit_2(args, words, capsys):
   code, _, err = run(["--prompt", "x"] + args, capsys)
   assert code == 2 and err.count("\n") == 1 and words in err, err
@@ -142,6 +141,7 @@ def test_different_vocabularies(tmp_path, capsys):
   code, _, err = run(pair()[:2] + ["--draft", str(draft), "--prompt", "x"], capsys)
   assert code == 2 and err.count("\n") == 1 and "vocabularies differ" in err
 
+@pytest.mark.quick
 def test_bad_input_from_a_real_process_has_no_traceback():
   out = subprocess.run([sys.executable, "spec.py", "--top-p", "2"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "NO_COLOR": "1"})
@@ -153,7 +153,6 @@ def test_prompt_outside_the_vocabulary(tmp_path, capsys):
   assert code == 2 and err.count("\n") == 1 and "outside the models' vocabulary of 64" in err
 
 @pytest.mark.backend
-@pytest.mark.long
 def test_dummy_weights_say_so(tmp_path, capsys):
   # a config.json is all --dummy-weights reads: one small layer over GPT-2's vocabulary
   write_checkpoint(tmp_path / "small", dict(TINY, n_layer=1, vocab_size=50257), {})

@@ -273,6 +273,7 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
   assert models.resolve_dtype("auto") == dtypes.float32
 
 @pytest.mark.backend
+@pytest.mark.quick
 def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   """Where the choices pick this project's kernels (engine.everywhere(): for passes of several rows the work-group
   kernels where the device has them, for one row the others), every linear layer and the lm_head of a pass run the
@@ -298,7 +299,6 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   assert {*five, "scores_1_2_16", "values_1_2_16"} <= attention_programs()
   assert {"stats_5_32" if wide else "norm_5_32", "norm_1_32"} <= names
 
-@pytest.mark.long
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
   """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
   measurement (models/engine/linear.py, attention.py, norm.py) for its width and for one token, whatever the
@@ -329,6 +329,7 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
                              atol=tolerance() * np.abs(expected).max())
 
 @pytest.mark.backend
+@pytest.mark.quick
 def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_dir, tmp_path, monkeypatch):
   """A captured step is stored (engine.Step, store.step_file) and a later instance of the same shape loads it instead of capturing:
   it runs on that instance's own weights and KV cache (stored by name), exactly as a step it captured itself would. An
@@ -413,21 +414,22 @@ def test_matvec_options_fit_the_shape():
 DECODE_KERNELS = {"gpt2-xl": {"engine": 7 * 48 + 9, "plain": 778}, "gpt2": {"engine": 7 * 12 + 9, "plain": 202}}
 
 def test_a_decode_launches_its_pinned_kernel_count(tmp_path):
-  """tests/gpu_profile.py's capture of gpt2-xl's and gpt2's decodes on tinygrad's NULL device for CUDA sm_90 (NVRTC
-  from pip's nvidia-cuda-nvrtc, which .ci/run installs): their kernel counts pinned, and the engine's predicted time
-  below the port's."""
+  """tests/gpu_profile.py's capture of gpt2-xl's and gpt2's float16 passes of 1 and 3 tokens on tinygrad's NULL device
+  for CUDA sm_90 (NVRTC from pip's nvidia-cuda-nvrtc, which .ci/run installs; its profile stage runs float32): the
+  decodes' kernel counts pinned, and the engine's predicted time below the port's."""
   try: import nvidia   # noqa: F401
   except ImportError:
     if os.environ.get("CI") == "true": pytest.fail("CI must have pip's nvidia-cuda-nvrtc")
     pytest.skip("NVIDIA's compiler from pip (nvidia-cuda-nvrtc) is not installed")
   root, out = pathlib.Path(__file__).resolve().parent.parent, tmp_path / "profile.json"
-  run = subprocess.run([sys.executable, str(root / "tests" / "gpu_profile.py"), "--models", *DECODE_KERNELS, "--widths", "1",
+  run = subprocess.run([sys.executable, str(root / "tests" / "gpu_profile.py"), "--models", *DECODE_KERNELS, "--widths", "1", "3",
                         "--dtypes", "float16", "--json", str(out)], env={**os.environ, "DEV": "NULL:CUDA:sm_90"},
                        capture_output=True, text=True, cwd=root)
   assert run.returncode == 0, run.stderr[-2000:]
   for name, pinned in DECODE_KERNELS.items():
-    passes = {layer: p["1"] for layer, p in json.loads(out.read_text())[name]["float16"].items()}
-    assert {layer: p["kernels"] for layer, p in passes.items()} == pinned, name
+    layers = json.loads(out.read_text())[name]["float16"]
+    assert {layer: p["1"]["kernels"] for layer, p in layers.items()} == pinned, name
+    passes = {layer: p["1"] for layer, p in layers.items()}
     assert passes["engine"]["predicted_ms"] < passes["plain"]["predicted_ms"]
     assert all(p["floor_ms"] == pytest.approx(p["weight_bytes"] / p["bandwidth"] * 1e3) for p in passes.values())
 
@@ -482,7 +484,6 @@ def generations(target, draft, prompt, Ks=(1, 4), n=40) -> list:
     + [(0, s, spec.autoregressive_generate(target, prompt, n, s, seed=5, eos=None)[0]) for s in samplings[:2]]
 
 @pytest.mark.backend
-@pytest.mark.long
 def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatch):
   """With the engine's kernels wherever they fit (not only where they measure faster) and with plain=True, the same
   tokens: greedy, sampled at a fixed seed, filtered, the target alone; and a (K+1)-wide pass's logits within the
@@ -498,7 +499,6 @@ def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatc
   assert expected | {"lanes_1_96_32", "scores_1_2_16", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
 
 @pytest.mark.backend
-@pytest.mark.long
 def test_the_engine_generates_what_the_port_alone_generates_on_the_shared_pair(enc):
   """The shared pair, the engine's measured choices against plain=True: the same tokens, greedy and sampled."""
   pairs = [(load(shared_dir() / "docs-target", plain=p), load(shared_dir() / "docs-draft", plain=p)) for p in (False, True)]

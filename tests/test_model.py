@@ -22,6 +22,7 @@ def assert_close(actual, expected):
   assert err < tolerance(), f"max error {err:.2e} of the logit scale"
 
 @pytest.mark.backend
+@pytest.mark.quick
 @PLAIN
 @pytest.mark.parametrize("prefixed", [pytest.param(False, marks=pytest.mark.gpu), True], ids=["hf-original-keys", "transformer-prefixed-keys"])
 def test_parity_tiny_random(tmp_path, prefixed, plain):

@@ -5,7 +5,6 @@ import spec
 import self_check
 from conftest import ROOT
 
-@pytest.mark.long
 def test_the_self_check_passes_and_says_what_it_checked():
   out = subprocess.run([sys.executable, "spec.py", "--self-check"], cwd=ROOT, capture_output=True, text=True)
   lines = out.stdout.splitlines()

@@ -45,7 +45,7 @@ def tiny(tiny_dir): return {name: load(tiny_dir / name) for name in ("target", "
 @pytest.mark.parametrize("K,verification", [pytest.param(1, "block", marks=pytest.mark.backend), (2, "block"),
                                             pytest.param(4, "block", marks=pytest.mark.backend),
                                             pytest.param(8, "block", marks=pytest.mark.backend),
-                                            pytest.param(4, "token", marks=pytest.mark.backend)])
+                                            pytest.param(4, "token", marks=[pytest.mark.backend, pytest.mark.quick])])
 def test_greedy_identity_tiny(tiny, K, verification):
   alphas = [assert_greedy_identical(tiny["target"], tiny[d], prompt, K, verification=verification).acceptance_rate
             for d in ("draft", "other") for prompt in ([5, 9, 2], [40, 41, 42, 43])]
@@ -55,6 +55,7 @@ def test_tiny_greedy_paths_vary(tiny):
   paths = {tuple(autoregressive_generate(tiny["target"], p, 30, eos=None)[0]) for p in ([5, 9, 2], [17], [40, 41, 42, 43])}
   assert len(paths) >= 2 and max(len(set(p)) for p in paths) > 3
 
+@pytest.mark.quick
 def test_baseline_is_the_targets_own_greedy_path(tiny):
   # the baseline is the round loop with a drafter that proposes nothing: checked against one plain, uncompiled forward
   # over its output (teacher forcing), so the greedy identity tests compare with the target itself
@@ -155,7 +156,6 @@ def test_a_draft_models_round_feeds_its_tokens_as_variables(tiny, monkeypatch):
   assert [run()[0] for run in runs] == expected
 
 @pytest.mark.backend
-@pytest.mark.long
 def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monkeypatch):
   """What a second `python spec.py` does: new model instances find every step of a generation stored by the first run
   (the draft's steps and the verify passes of each K of -K auto, the target's decode), capture none, and emit the same
@@ -237,7 +237,6 @@ def test_auto_goes_on_from_what_earlier_runs_measured(tiny_dir, monkeypatch):
   first, second = chosen[1:chosen.index(None, 1)], chosen[chosen.index(None, 1) + 1:]
   assert first[:12] == list(spec.LOOKAHEADS) * 3 and set(first[12:]) == set(second) == {8}, chosen
 
-@pytest.mark.long
 def test_same_seed_same_output_other_seed_other_output(docs_target, docs_draft, enc):
   prompt, s = enc.encode(PROMPTS[2]), Sampling(1.0)
   a, b, c = (speculative_generate(docs_target, docs_draft, prompt, 3, 30, s, seed)[0] for seed in (7, 7, 8))

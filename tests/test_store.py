@@ -40,7 +40,6 @@ def checkpoints(tmp_path_factory):
     write_checkpoint(root / name, cfg, random_weights(cfg, seed))
   return root
 
-@pytest.mark.long
 def test_stored_and_captured_steps_mix_in_a_process(checkpoints, tmp_path, monkeypatch):
   """Issue 36 on small models: processes that share a store, each loading some steps another stored and capturing the
   rest, emit what processes capturing everything emit (greedy and T 1, tokens and accepted counts). A loaded step's
