@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Measure spec on the device it runs on: one command for a GPU's user, and the source of every GPU figure in the docs.
 
-  python tests/device_report.py --out DIR               # about 9 minutes on a GPU (DEV as for spec.py)
+  DEV=CUDA python tests/device_report.py --out DIR      # about 9 minutes on a GPU (DEV pinned, as for spec.py)
   python tests/device_report.py --out DIR --tiny        # every stage on tiny models: minutes (CI: the CPU)
   python tests/device_report.py --pack DIR              # the shared deep pair packed to travel (float16, xz)
-  python tests/device_report.py --out DIR --pair DIR/docs-deep DIR/docs-draft --wheels WHEELS
+  DEV=CUDA python tests/device_report.py --out DIR --pair PACKED/docs-deep PACKED/docs-draft --wheels WHEELS
 
-Stages, in order, each a process of its own with a time limit of its own, each writing DIR/<stage>.json and
-DIR/<stage>.md as it goes (a run cut short keeps every stage that ended, and what the one cut had written):
+DIR holds two files, DIR/report.md and DIR/report.json (every figure, and what `gpu_profile.py --fit` reads), each
+replaced whole (never half written) whenever a stage adds a figure and when it ends: a run cut short keeps every
+figure taken, and each stage's status (running, done, cut at its limit, failed with its traceback's tail). Caches and
+scratch go elsewhere (--scratch). Stages, in order, each a process of its own with a time limit of its own, ended with
+the command:
   device   the device, its driver, tinygrad and Python, and a device copy's bandwidth: the memory floor's price
   kernels  every option of every engine kernel against its formula, at gpt2-xl's and gpt2's shapes, widths 1 3 5 16,
            float16 and float32: error and time a call; nothing measured is cached yet
@@ -17,14 +20,15 @@ DIR/<stage>.md as it goes (a run cut short keeps every stage that ended, and wha
            GPU profile's prediction (tests/gpu_profile.py); the engine with each table emptied in turn; one decode's
            kernels timed one by one
   speedup  speculative sampling against the target alone, greedy, default flags: the trained deep pair (--pair, else
-           ../shared/models), and dummy gpt2-xl/gpt2 at the seed's acceptance, predicted from measured passes
+           ../shared/models; --tiny: a tiny pair unless --pair), and dummy gpt2-xl/gpt2 at the seed's acceptance, predicted from measured passes
   cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token's time
   search   gpt2's decode with tinygrad's BEAM search (--search 2), if time is left
-The caches (tinygrad's, the engine's choices and stored steps) are DIR's own: the first stages meet a first run's work.
---wheels: a directory of wheels (tinygrad's) installed first where tinygrad cannot be imported (a machine without
-network). DIR/report.md joins the stages' tables. Exit 1 if a stage failed or was cut short.
+The caches (tinygrad's, the engine's choices and stored steps) are the scratch folder's own: the first stages meet a
+first run's work. --wheels: a directory of wheels (tinygrad's) installed first where tinygrad cannot be imported (a
+machine without network). Exit 1 if a stage failed or was cut short.
 """
-import argparse, contextlib, json, math, os, pathlib, platform, shutil, signal, subprocess, sys, tempfile, time
+import argparse, contextlib, json, math, os, pathlib, platform, shutil, signal, subprocess, sys, tempfile, threading
+import time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
@@ -49,23 +53,51 @@ def bootstrap(wheels:str|None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
-def environment(out:pathlib.Path, pair) -> dict[str, str]:
-  """The stages' environment: caches of the report's own (tinygrad reads CACHEDB as it is imported), and GPT-2's
-  tokenizer where a machine without network has it: beside a packed pair, or in ../shared/models."""
+def tokenizer_dir(pair, environment:str|None) -> str|None:
+  """GPT-2's tokenizer for tiktoken: the environment's cache where it holds every file of the carried one (beside a
+  packed pair, or ../shared/models), else the carried one (a machine's own cache may lack GPT-2's)."""
   places = ([pathlib.Path(pair[0]).parent / "tiktoken"] if pair else []) + [SHARED / "tiktoken"]
-  tiktoken = [d for d in places if d.is_dir()]
-  return {**os.environ, "CACHEDB": str(out / "cache.db"), "SPEC_STEP_CACHE": str(out / "steps"),
-          "POCL_EXTRA_BUILD_FLAGS": os.environ.get("POCL_EXTRA_BUILD_FLAGS", "-w"), "PYTHONUNBUFFERED": "1",
-          **({"TIKTOKEN_CACHE_DIR": str(tiktoken[0])} if tiktoken and "TIKTOKEN_CACHE_DIR" not in os.environ else {})}
+  carried = next((d for d in places if d.is_dir()), None)
+  has = lambda d: all((pathlib.Path(d) / f.name).is_file() for f in carried.iterdir())
+  if carried is None or (environment and has(environment)): return environment
+  return str(carried)
+
+def environment(scratch:pathlib.Path, pair) -> dict[str, str]:
+  """The stages' environment: caches of the report's own (tinygrad reads CACHEDB as it is imported), GPT-2's tokenizer,
+  and tinygrad's bounds proofs off (they need z3, which a borrowed machine may lack; CI proves bounds on the CPU)."""
+  tiktoken = tokenizer_dir(pair, os.environ.get("TIKTOKEN_CACHE_DIR"))
+  return {**os.environ, "CACHEDB": str(scratch / "cache.db"), "SPEC_STEP_CACHE": str(scratch / "steps"),
+          "CHECK_OOB": "0", "POCL_EXTRA_BUILD_FLAGS": os.environ.get("POCL_EXTRA_BUILD_FLAGS", "-w"),
+          "PYTHONUNBUFFERED": "1", **({"TIKTOKEN_CACHE_DIR": tiktoken} if tiktoken else {})}
+
+def replace(path:pathlib.Path, text:str) -> None:
+  """path's new text, whole or not at all: written beside it, then renamed over it."""
+  tmp = path.with_name(f".{path.name}.tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+def publish(out:pathlib.Path, scratch:pathlib.Path) -> None:
+  """DIR/report.json and DIR/report.md from every stage's figures so far."""
+  stages = {n: json.loads((scratch / f"{n}.json").read_text()) for n in STAGES if (scratch / f"{n}.json").is_file()}
+  replace(out / "report.json", json.dumps({"stages": stages}, indent=1, default=str))
+  replace(out / "report.md", "\n\n".join(MARKDOWN[n](d) + "\n\n" + status(d) for n, d in stages.items()) + "\n")
+
+def status(d:dict) -> str:
+  s = d.get("status", "running")
+  if s == "running": return f"*{d['stage']}: running (started {d.get('started')}); a report that ends here was cut*"
+  tail = "".join(f"\n    {line}" for line in d.get("error", "").splitlines())
+  return f"*{d['stage']}: {s} after {d.get('seconds', 0):.0f} s (limit {d.get('limit', 0):.0f} s)*{tail}"
 
 class Stage:
-  """A stage's results, written to DIR/<name>.json (and .md) whenever it adds some."""
-  def __init__(self, out:pathlib.Path, name:str, tiny:bool, pair):
-    self.out, self.name, self.tiny, self.pair, self.data = out, name, tiny, pair, {"stage": name, "complete": False}
+  """A stage's figures: the scratch folder's <name>.json, and the report rewritten, whenever it adds some."""
+  def __init__(self, out:pathlib.Path, scratch:pathlib.Path, name:str, tiny:bool, pair):
+    self.out, self.scratch, self.name, self.tiny, self.pair = out, scratch, name, tiny, pair
+    self.data = {"stage": name, "complete": False, "status": "running",
+                 "started": time.strftime("%H:%M:%S UTC", time.gmtime())}
   def save(self, **items) -> None:
     self.data.update(items)
-    (self.out / f"{self.name}.json").write_text(json.dumps(self.data, indent=1, default=str))
-    (self.out / f"{self.name}.md").write_text(MARKDOWN[self.name](self.data))
+    replace(self.scratch / f"{self.name}.json", json.dumps(self.data, indent=1, default=str))
+    publish(self.out, self.scratch)
 
 # ***** the models, full size or tiny *****
 
@@ -108,7 +140,9 @@ def device_stage(st:Stage) -> None:
   from tinygrad import Tensor, TinyJit, Device
   import numpy as np, importlib.metadata
   from spec import best_seconds
-  info = dict(device=Device.DEFAULT, target=str(Device[Device.DEFAULT].renderer.target),
+  dev = Device[Device.DEFAULT]
+  info = dict(device=Device.DEFAULT, target=str(dev.renderer.target), renderer=type(dev.renderer).__name__,
+              compiler=type(dev.compiler).__name__, dev=os.environ.get("DEV"),
               python=platform.python_version(), tinygrad=importlib.metadata.version("tinygrad"), numpy=np.__version__,
               host=platform.node(),
               processor=platform.processor() or platform.machine(), cores=os.cpu_count(), dtypes=dtype_names(),
@@ -277,7 +311,7 @@ def passes_stage(st:Stage) -> None:
 def kernel_times(linear, weights:set) -> list[dict]:
   """Each kernel of a captured pass run alone (but those reading the pass's input), the fastest of 5 (tinygrad's own
   timer, the device synchronized), beside the GPU profile's prediction and the features it predicts from (`python
-  tests/gpu_profile.py --fit passes.json` refits the model's constants to them)."""
+  tests/gpu_profile.py --fit report.json` refits the model's constants to them)."""
   import gpu_profile
   from tinygrad.engine.realize import time_call
   from tinygrad.uop.ops import Ops
@@ -301,7 +335,7 @@ def speedup_stage(st:Stage) -> None:
   result = {}
   pair = st.pair or ([SHARED / "docs-deep", SHARED / "docs-draft"] if (SHARED / "docs-deep").is_dir() else None)
   with tempfile.TemporaryDirectory() as d:
-    if st.tiny: pair = tiny_pair(pathlib.Path(d))
+    if st.tiny and not st.pair: pair = tiny_pair(pathlib.Path(d))
     if pair:
       target, draft = (models.load(str(unpacked(pathlib.Path(p), pathlib.Path(d)))) for p in pair)
       prompts = [[models.EOT] + [t % target.cfg.vocab_size for t in range(5 * i + 1, 5 * i + 6)] for i in range(6)] \
@@ -390,7 +424,8 @@ def fmt(v, spec_:str=".2f") -> str: return "-" if v is None else format(v, spec_
 def md_device(d) -> str:
   i, c = d.get("info", {}), d.get("copies", {})
   head = f"{i.get('date')}, commit {i.get('commit')}{' (modified)' if i.get('modified') else ''}: {i.get('device')} " \
-         f"({i.get('target')}), {i.get('gpu', i.get('processor'))}, {i.get('cores')} cores; " \
+         f"({i.get('target')}; DEV={i.get('dev')}, {i.get('renderer')} and {i.get('compiler')}), " \
+         f"{i.get('gpu', i.get('processor'))}, {i.get('cores')} cores; " \
          f"Python {i.get('python')}, " \
          f"tinygrad {i.get('tinygrad')}, dtypes {', '.join(i.get('dtypes', []))}."
   copies = [f"- {k}: {v / 1e12:.3f} TB/s (read and written, {d['copy_bytes'] >> 20} MiB)" for k, v in c.items()]
@@ -507,9 +542,31 @@ def unpacked(path:pathlib.Path, tmp:pathlib.Path) -> pathlib.Path:
 RUN = {"device": device_stage, "kernels": kernels_stage, "choice": choice_stage, "passes": passes_stage,
        "speedup": speedup_stage, "cold": cold_stage, "search": search_stage}
 
+def watch(parent:int) -> None:
+  """A stage ends with the command that started it: killed with its process group (its own runs of spec.py) once
+  its parent is gone."""
+  def loop():
+    while os.getppid() == parent: time.sleep(1)
+    os.killpg(0, signal.SIGKILL)
+  threading.Thread(target=loop, daemon=True).start()
+
+def run_stage(args, out:pathlib.Path, scratch:pathlib.Path) -> int:
+  """One stage, in this process (a child of the command): its figures saved as they come, a failure's traceback."""
+  watch(args.parent)
+  with contextlib.suppress(Exception): FLOOR[0] = json.loads((scratch / "device.json").read_text())["floor_bandwidth"]
+  st = Stage(out, scratch, args.stage, args.tiny, args.pair)
+  st.save()
+  try: RUN[args.stage](st)
+  except Exception:
+    st.save(error="\n".join(traceback.format_exc().strip().splitlines()[-8:]))
+    raise
+  if args.stage == "device": st.save(complete=True)
+  return 0 if st.data.get("complete") else 1
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", metavar="DIR", help="where each stage writes its JSON and markdown (created)")
+  ap.add_argument("--out", metavar="DIR", help="where report.md and report.json go (created; nothing else goes there)")
+  ap.add_argument("--scratch", metavar="DIR", help="the stages' caches and figures (default: a new temporary folder)")
   ap.add_argument("--tiny", action="store_true", help="tiny models in every stage: minutes on any device")
   ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="the stages to run (all)")
   ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for the whole report (default {BUDGET})")
@@ -520,19 +577,16 @@ def main() -> int:
   ap.add_argument("--pack", metavar="DIR", help="pack the shared deep pair into DIR to travel, and exit")
   ap.add_argument("--wheels", metavar="DIR", help="wheels to install where tinygrad cannot be imported")
   ap.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)   # one stage, in this process
+  ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)              # the command's pid, for the stage
   args = ap.parse_args()
   if args.pack: pack(pathlib.Path(args.pack)); return 0
   if not args.out: ap.error("--out DIR is required")
   bootstrap(args.wheels)
   out = pathlib.Path(args.out)
-  if args.stage:   # a child: the device's floor from the device stage, for the tables
-    with contextlib.suppress(Exception): FLOOR[0] = json.loads((out / "device.json").read_text())["floor_bandwidth"]
-    st = Stage(out, args.stage, args.tiny, args.pair)
-    RUN[args.stage](st)
-    if args.stage in ("device",): st.save(complete=True)
-    return 0 if st.data.get("complete") else 1
-  out.mkdir(parents=True, exist_ok=True)
-  env, t_start, failed = environment(out, args.pair), time.perf_counter(), []
+  scratch = pathlib.Path(args.scratch or tempfile.mkdtemp(prefix="spec-report-"))
+  if args.stage: return run_stage(args, out, scratch)
+  out.mkdir(parents=True, exist_ok=True); scratch.mkdir(parents=True, exist_ok=True)
+  env, t_start, failed = environment(scratch, args.pair), time.perf_counter(), []
   scale = args.slack or (TINY_SLACK if args.tiny else 1)
   budget = args.budget * scale
   for name in args.stages:
@@ -540,24 +594,25 @@ def main() -> int:
     limit = min(STAGES[name] * scale or left, left)
     if limit < 5:
       print(f"{name}: not run, {left:.0f} s of the budget left", flush=True); failed.append(name); continue
-    cmd = [sys.executable, __file__, "--stage", name, "--out", str(out)] + (["--tiny"] if args.tiny else []) + \
-          (["--pair", *args.pair] if args.pair else [])
+    cmd = [sys.executable, __file__, "--stage", name, "--out", str(out), "--scratch", str(scratch), "--parent",
+           str(os.getpid())] + (["--tiny"] if args.tiny else []) + (["--pair", *args.pair] if args.pair else [])
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try: code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL); proc.wait(); code = "cut at its limit"
+      os.killpg(proc.pid, signal.SIGKILL); proc.wait(); code = None
     seconds = time.perf_counter() - t0
-    path = out / f"{name}.json"
+    path = scratch / f"{name}.json"
     data = json.loads(path.read_text()) if path.is_file() else {"stage": name, "complete": False}
-    data.update(seconds=seconds, limit=limit, exit=code)
-    path.write_text(json.dumps(data, indent=1))
-    print(f"{name}: {'done' if code == 0 else code} in {seconds:.0f} s (limit {limit:.0f} s)", flush=True)
-    if code != 0: failed.append(name)
-  parts = [(out / f"{n}.md").read_text() for n in args.stages if (out / f"{n}.md").is_file()]
-  (out / "report.md").write_text("\n\n".join(parts) + "\n")
+    ok = code == 0 and data.get("complete")
+    data.update(seconds=seconds, limit=limit, exit=code,
+                status="done" if ok else "cut at its limit" if code is None else f"failed (exit {code})")
+    replace(path, json.dumps(data, indent=1, default=str))
+    publish(out, scratch)
+    print(f"{name}: {data['status']} in {seconds:.0f} s (limit {limit:.0f} s)", flush=True)
+    if not ok: failed.append(name)
   ended = f"failed or cut: {', '.join(failed)}" if failed else "all complete"
-  print(f"{out / 'report.md'}: {len(parts)} stages; {ended}")
+  print(f"{out / 'report.md'}: {len(args.stages)} stages; {ended}")
   return 1 if failed else 0
 
 if __name__ == "__main__": sys.exit(main())

@@ -169,11 +169,11 @@ def main() -> int:
   ap.add_argument("--plain", choices=["both", "yes", "no"], default="both", help="--plain, the engine, or both")
   ap.add_argument("--kernels", action="store_true", help="print every kernel of every pass")
   ap.add_argument("--json", metavar="FILE", help="write the figures per model, dtype, engine or plain, and width")
-  ap.add_argument("--fit", metavar="PASSES_JSON", help="fit the model's constants to the kernels a GPU timed "
-                  "(tests/device_report.py's passes.json) and exit")
+  ap.add_argument("--fit", metavar="REPORT_JSON", help="fit the model's constants to the kernels a GPU timed "
+                  "(tests/device_report.py's report.json) and exit")
   args = ap.parse_args()
   if args.fit:
-    kernels = json.loads(pathlib.Path(args.fit).read_text())["decode_kernels"]
+    kernels = json.loads(pathlib.Path(args.fit).read_text())["stages"]["passes"]["decode_kernels"]
     worst, constants = fit(kernels)
     now = max(abs(math.log(k["predicted_us"] / k["us"])) for k in kernels)
     print(f"{len(kernels)} kernels: within {math.exp(now):.2f}x of each now, {worst:.2f}x with {constants}")

@@ -1,9 +1,10 @@
-"""tests/device_report.py's luggage: the shared pair packed to travel to a GPU machine and unpacked where it runs."""
-import json, struct
+"""tests/device_report.py: its luggage (the shared pair packed to travel to a GPU machine, unpacked where it runs), and
+the command rehearsed as a borrowed machine runs it: what comes back, also from a run killed mid-stage."""
+import contextlib, importlib.metadata, json, os, pathlib, re, struct, subprocess, sys, time, zipfile
 import numpy as np
 from tinygrad import Tensor, dtypes
 import models
-from conftest import read_safetensors, shared_dir
+from conftest import ROOT, read_safetensors, shared_dir
 import device_report
 
 def read_half(fn) -> dict[str, np.ndarray]:
@@ -29,3 +30,79 @@ def test_a_packed_checkpoint_unpacks_to_its_weights_in_float16(tmp_path):
   tokens = Tensor([[models.EOT, 464, 3290, 318, 257]], dtype=dtypes.int32)
   logits = [models.load(str(d), "float32", plain=True).forward(tokens, 0).numpy() for d in (unpacked, shared / "docs-draft")]
   assert np.abs(logits[0] - logits[1]).max() < 1e-2 * np.abs(logits[1]).max()
+
+# ***** the command as a borrowed GPU runs it: what comes back (8 files, 16 MiB each, 2 folders deep) *****
+
+def wheel_of(dist:str, folder:pathlib.Path) -> pathlib.Path:
+  """An installed distribution zipped as its wheel: what a machine without network carries (tinygrad's)."""
+  d = importlib.metadata.distribution(dist)
+  whl = folder / f"{dist}-{d.version}-py3-none-any.whl"
+  with zipfile.ZipFile(whl, "w") as z:
+    for f in d.files:
+      path = d.locate_file(f)
+      if not str(f).startswith("..") and f.suffix != ".pyc" and path.is_file(): z.write(path, str(f))
+  return whl
+
+def blocked(folder:pathlib.Path, *names:str) -> pathlib.Path:
+  """A folder that, first on PYTHONPATH, makes names unimportable: a bare machine's Python."""
+  for name in names:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text("raise ImportError")
+  return folder
+
+def what_comes_back(out:pathlib.Path) -> list[str]:
+  """What a lease would not bring back from its output folder, with out as the command's --out under it."""
+  files = [f for f in out.parent.rglob("*") if f.is_file()]
+  problems = [f"{len(files)} files" for _ in [0] if len(files) > 8]
+  for f in files:
+    rel = f.relative_to(out.parent)
+    if f.stat().st_size > 16 << 20: problems.append(f"{rel}: {f.stat().st_size} bytes")
+    if len(rel.parts) > 3: problems.append(f"{rel}: too deep")
+    if not all(re.fullmatch(r"[A-Za-z0-9._-]+", p) for p in rel.parts): problems.append(f"{rel}: its name")
+  return problems
+
+def test_the_report_comes_back_from_a_borrowed_machine(tmp_path):
+  """The documented command on a stand-in for a borrowed GPU (on the CPU, tiny stages): tinygrad and z3 unimportable
+  until --wheels installs tinygrad's wheel, the packed pair, TIKTOKEN_CACHE_DIR naming a cache without GPT-2's
+  tokenizer. It ends 0 with report.md and report.json alone in its folder, the speedup measured on the packed pair."""
+  shared_dir()
+  device_report.pack(tmp_path / "pair", names=("docs-draft",))
+  (whl := tmp_path / "whl").mkdir()
+  wheel_of("tinygrad", whl)
+  (empty := tmp_path / "no-tokenizer").mkdir()
+  out = tmp_path / "lease-out" / "report"
+  pair = [str(tmp_path / "pair" / "docs-draft")] * 2
+  env = {**os.environ, "DEV": "CPU", "PYTHONPATH": str(blocked(tmp_path / "bare", "tinygrad", "z3")),
+         "TIKTOKEN_CACHE_DIR": str(empty)}
+  run = subprocess.run([sys.executable, str(ROOT / "tests" / "device_report.py"), "--tiny", "--out", str(out),
+                        "--pair", *pair, "--wheels", str(whl), "--scratch", str(tmp_path / "scratch"),
+                        "--stages", "device", "speedup"], env=env, capture_output=True, text=True, cwd=tmp_path)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+  assert sorted(f.name for f in out.iterdir()) == ["report.json", "report.md"] and what_comes_back(out) == []
+  stages = json.loads((out / "report.json").read_text())["stages"]
+  assert [s["status"] for s in stages.values()] == ["done", "done"]
+  assert stages["speedup"]["pair"]["target"] == "docs-draft"
+  assert "*speedup: done after" in (out / "report.md").read_text()
+
+def test_a_report_killed_mid_stage_reads_and_marks_the_stage_cut(tmp_path):
+  """SIGKILL to the command inside its kernels stage: report.md and report.json stay whole, the stage marked running
+  (a report that ends there was cut), and the stage's process ends with the command."""
+  out, scratch = tmp_path / "out" / "report", tmp_path / "scratch"
+  proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "device_report.py"), "--tiny", "--out", str(out),
+                           "--scratch", str(scratch), "--stages", "device", "kernels"],
+                          env={**os.environ, "DEV": "CPU"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    for _ in range(600):
+      with contextlib.suppress(FileNotFoundError, KeyError):
+        if json.loads((out / "report.json").read_text())["stages"]["kernels"].get("rows"): break
+      time.sleep(0.5)
+  finally: proc.kill(); proc.wait()
+  time.sleep(3)   # the stage's watch sees its parent gone within a second
+  stages = json.loads((out / "report.json").read_text())["stages"]
+  assert stages["device"]["status"] == "done" and stages["kernels"]["status"] == "running" and stages["kernels"]["rows"]
+  assert "*kernels: running" in (out / "report.md").read_text() and what_comes_back(out) == []
+  alive = []   # processes naming the scratch folder, where /proc lists them (Linux)
+  for p in pathlib.Path("/proc").glob("[0-9]*"):
+    with contextlib.suppress(OSError):
+      if str(scratch) in (p / "cmdline").read_bytes().decode(errors="replace"): alive.append(p.name)
+  assert alive == [], alive
