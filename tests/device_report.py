@@ -11,30 +11,36 @@ replaced whole (never half written) whenever a stage adds a figure and when it e
 figure taken, and each stage's status (running, done, cut at its limit, failed with its traceback's tail). Caches and
 scratch go elsewhere (--scratch). Stages, in order, each a process of its own with a time limit of its own, ended with
 the command:
-  device   the device, its driver, tinygrad and Python, and a device copy's bandwidth: the memory floor's price
-  kernels  every option of every engine kernel against its formula, at gpt2-xl's and gpt2's shapes, widths 1 3 5 16,
-           float16 and float32: error and time a call; nothing measured is cached yet
-  choice   the engine's choice step for gpt2-xl and gpt2 at widths 1 and 3: each candidate's time, the step's wall time
-           (a first run's cost)
+  device   the device, its renderer and compiler, tinygrad and Python, and a device copy's bandwidth: the floor's price
+  headline gpt2-xl's decode, engine and --plain, against the floor, in --dtype auto's dtype (float16 on a GPU), and the
+           trained deep pair's speculative speedup against the target alone (greedy, default flags; --pair, else
+           ../shared/models; --tiny: a tiny pair unless --pair)
   passes   gpt2-xl's decode and 3-, 5-, 9-token passes and gpt2's decode, engine and --plain, both dtypes, beside the
            GPU profile's prediction (tests/gpu_profile.py); the engine with each table emptied in turn; one decode's
            kernels timed one by one
-  speedup  speculative sampling against the target alone, greedy, default flags: the trained deep pair (--pair, else
-           ../shared/models; --tiny: a tiny pair unless --pair), and dummy gpt2-xl/gpt2 at the seed's acceptance, predicted from measured passes
-  cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token's time
-  search   gpt2's decode with tinygrad's BEAM search (--search 2), if time is left
+  speedup  dummy gpt2-xl/gpt2's speculative speedup at the seed's acceptance, predicted from measured passes, and the
+           host's and the device's memory
+  choice   the engine's choice step for gpt2-xl and gpt2 at widths 1 and 3, from a cache of its own (a first run's
+           cost): each candidate's time, the step's wall time
+  cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token, or none within
+           the stage's limit
+  kernels  every option of every engine kernel against its formula, at gpt2-xl's and gpt2's shapes, widths 1 3 5 16,
+           float16 and float32: error and time a call
+  search   gpt2's decode with tinygrad's BEAM search (--search 2): only when asked for (--stages ... search)
 The caches (tinygrad's, the engine's choices and stored steps) are the scratch folder's own: the first stages meet a
 first run's work. --wheels: a directory of wheels (tinygrad's) installed first where tinygrad cannot be imported (a
 machine without network). Exit 1 if a stage failed or was cut short.
 """
 import argparse, contextlib, json, math, os, pathlib, platform, shutil, signal, subprocess, sys, tempfile, threading
-import time, traceback
+import select, time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
 
-STAGES = {"device": 30, "kernels": 120, "choice": 75, "passes": 120, "speedup": 75, "cold": 100, "search": 0}  # seconds
-BUDGET = 540   # seconds for the whole report; search takes what is left
+# seconds each, the headline first; search (only when asked for: --stages) takes what is left of the budget
+STAGES = {"device": 30, "headline": 150, "passes": 90, "speedup": 45, "choice": 60, "cold": 90, "kernels": 75,
+          "search": 0}
+BUDGET = 540   # seconds for the whole report
 TINY_SLACK = 3  # --tiny's limits are this many times the stages': a CPU compiles its kernels slowly, beside other work
 WIDTHS, PASS_WIDTHS, CHOICE_WIDTHS = (1, 3, 5, 16), (1, 3, 5, 9), (1, 3)
 TINY_WIDTHS = (1, 3)   # --tiny's kernels and passes: the paths all run, quickly
@@ -327,30 +333,43 @@ def kernel_times(linear, weights:set) -> list[dict]:
 
 # ***** (e) speculative sampling against the target alone *****
 
-def speedup_stage(st:Stage) -> None:
+def headline_stage(st:Stage) -> None:
   import gc
-  from tinygrad.helpers import GlobalCounters
+  import benchmark
+  from tinygrad.nn.state import get_state_dict
+  dtype, decode = auto_dtype(), []
+  for plain in (False, True):
+    m = model("gpt2-xl", dtype, st.tiny, plain)
+    weights = sum(t.nbytes() for k, t in get_state_dict(m).items() if "cache_kv" not in k)
+    decode.append(dict(model="gpt2-xl", dtype=dtype, layer="plain" if plain else "engine", weight_bytes=weights,
+                       ms=benchmark.forward_time(m, 1) * 1e3))
+    st.save(decode=decode)
+    del m; gc.collect()
+  st.save(pair=pair_speedup(st), complete=True)
+
+def pair_speedup(st:Stage) -> dict|None:
+  """The trained pair's greedy speculative sampling (K 2, block rule: spec.py's defaults) against the target alone."""
   import benchmark, models, spec
   from conftest import PROMPTS
-  result = {}
   pair = st.pair or ([SHARED / "docs-deep", SHARED / "docs-draft"] if (SHARED / "docs-deep").is_dir() else None)
   with tempfile.TemporaryDirectory() as d:
     if st.tiny and not st.pair: pair = tiny_pair(pathlib.Path(d))
-    if pair:
-      target, draft = (models.load(str(unpacked(pathlib.Path(p), pathlib.Path(d)))) for p in pair)
-      prompts = [[models.EOT] + [t % target.cfg.vocab_size for t in range(5 * i + 1, 5 * i + 6)] for i in range(6)] \
-        if st.tiny else [models.tokenizer().encode(p) for p in PROMPTS[:6]]
-      n = 16 if st.tiny else 64
-      ar = benchmark.generate_all(lambda p, k: spec.autoregressive_generate(target, p, k, eos=None), prompts, n)
-      sp = benchmark.generate_all(lambda p, k: spec.speculative_generate(target, draft, p, 2, k, eos=None), prompts, n)
-      stats = sp[2]
-      result["pair"] = dict(target=pathlib.Path(pair[0]).name, draft=pathlib.Path(pair[1]).name, dtype=target.dtype.name, prompts=len(prompts),
-                            tokens=n, ar_tokens_per_s=ar[1] / ar[0], spec_tokens_per_s=sp[1] / sp[0],
-                            speedup=(ar[0] / ar[1]) / (sp[0] / sp[1]),
-                            alpha=sum(s.accepted for s in stats) / max(1, sum(s.drafted for s in stats)),
-                            compiled=ar[3] + sp[3])
-      st.save(**result)
-      del target, draft; gc.collect()
+    if not pair: return None
+    target, draft = (models.load(str(unpacked(pathlib.Path(p), pathlib.Path(d)))) for p in pair)
+    prompts = [[models.EOT] + [t % target.cfg.vocab_size for t in range(5 * i + 1, 5 * i + 6)] for i in range(6)] \
+      if st.tiny else [models.tokenizer().encode(p) for p in PROMPTS[:6]]
+    n = 16 if st.tiny else 64
+    ar = benchmark.generate_all(lambda p, k: spec.autoregressive_generate(target, p, k, eos=None), prompts, n)
+    sp = benchmark.generate_all(lambda p, k: spec.speculative_generate(target, draft, p, 2, k, eos=None), prompts, n)
+    return dict(target=pathlib.Path(pair[0]).name, draft=pathlib.Path(pair[1]).name, dtype=target.dtype.name,
+                prompts=len(prompts), tokens=n, ar_tokens_per_s=ar[1] / ar[0], spec_tokens_per_s=sp[1] / sp[0],
+                speedup=(ar[0] / ar[1]) / (sp[0] / sp[1]),
+                alpha=sum(s.accepted for s in sp[2]) / max(1, sum(s.drafted for s in sp[2])), compiled=ar[3] + sp[3])
+
+def speedup_stage(st:Stage) -> None:
+  from tinygrad.helpers import GlobalCounters
+  import benchmark
+  result = {}
   dtype = auto_dtype()
   target, draft = model("gpt2-xl", dtype, st.tiny), model("gpt2", dtype, st.tiny)
   held, load_rss = sum(sum(benchmark.sizes(m)) for m in (target, draft)), benchmark.peak_rss()
@@ -387,16 +406,19 @@ def cold_stage(st:Stage) -> None:
     else: target, draft = "gpt2-xl", "gpt2"
     cmd = [sys.executable, str(ROOT / "spec.py"), "--target", str(target), "--draft", str(draft), "-K", "2", "-n", "16",
            "--prompt", "The Python interpreter"] + ([] if st.tiny else ["--dummy-weights"])
+    wait = max(5.0, st.limit - 15)   # ended here, within the stage's limit: "no token within" says how far it got
     t0 = time.perf_counter()
     with open(os.path.join(d, "stderr"), "wb") as err:
       proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
-      first = proc.stdout.read(1)   # the header and the first token come together (spec.Printer)
+      # the header and the first token come together (spec.Printer)
+      first = proc.stdout.read(1) if select.select([proc.stdout], [], [], wait)[0] else b""
       first_token_s = time.perf_counter() - t0
-      rest = proc.communicate()[0]
+      if not first: proc.kill()
+      rest = proc.communicate(timeout=max(1.0, wait - first_token_s))[0] if first else b""
     notices = [l for l in pathlib.Path(d, "stderr").read_text(errors="replace").splitlines() if l.startswith("spec")]
     st.save(command=" ".join(cmd[1:]), first_token_s=first_token_s if first else None, total_s=time.perf_counter() - t0,
             returncode=proc.returncode, notices=notices, output=(first + rest).decode(errors="replace")[-2000:],
-            complete=proc.returncode == 0)
+            waited_s=wait, complete=proc.returncode == 0 or not first)
 
 # ***** (g) BEAM search *****
 
@@ -470,13 +492,19 @@ def md_passes(d) -> str:
                      [[r["name"], f"{r['us']:.1f}", f"{r['predicted_us']:.1f}"] for r in k]))
   return "\n\n".join(out)
 
-def md_speedup(d) -> str:
-  out = ["## Speculative sampling against the target alone"]
+def md_headline(d) -> str:
+  floor = lambda r: f"{r['ms'] / 1e3 / (r['weight_bytes'] / FLOOR[0]):.2f}" if FLOOR[0] else "-"
+  rows = [[r["model"], r["dtype"], r["layer"], f"{r['ms']:.3f}", floor(r)] for r in d.get("decode", [])]
+  out = ["## Headline", table(["model", "dtype", "layer", "decode ms", "x the floor"], rows)]
   if p := d.get("pair"):
     out.append(f"{p['target']} / {p['draft']}, {p['dtype']}, greedy, K 2 (block), {p['prompts']} prompts x "
-               f"{p['tokens']} tokens: **{p['speedup']:.2f}x** ({p['spec_tokens_per_s']:.1f} against "
+               f"{p['tokens']} tokens: **{p['speedup']:.2f}x** the target alone ({p['spec_tokens_per_s']:.1f} against "
                f"{p['ar_tokens_per_s']:.1f} tokens/s), alpha {p['alpha']:.3f}, {p['compiled']} kernels compiled "
                "while timed")
+  return "\n\n".join(out)
+
+def md_speedup(d) -> str:
+  out = ["## Speculative sampling against the target alone, predicted"]
   if m := d.get("dummy"):
     verify = ", ".join(f"{int(k) + 1}: {v:.3f} ms" for k, v in m["t_verify_ms"].items())
     out.append(f"dummy gpt2-xl / gpt2, {m['dtype']}: t_target {m['t_target_ms']:.3f} ms, t_draft {m['t_draft_ms']:.3f} "
@@ -489,7 +517,9 @@ def md_speedup(d) -> str:
   return "\n\n".join(out)
 
 def md_cold(d) -> str:
-  return f"## A cold run\n\n`{d.get('command')}`: first token after **{fmt(d.get('first_token_s'), '.1f')} s**, " \
+  first = f"first token after **{fmt(d.get('first_token_s'), '.1f')} s**" if d.get("first_token_s") is not None else \
+          f"**no token within {fmt(d.get('waited_s'), '.0f')} s**"
+  return f"## A cold run\n\n`{d.get('command')}`: {first}, " \
          f"done after {fmt(d.get('total_s'), '.1f')} s (exit {d.get('returncode')}).\n\n" + \
          "\n".join(f"    {n}" for n in d.get("notices", []))
 
@@ -498,8 +528,8 @@ def md_search(d) -> str:
           for r in d.get("rows", [])]
   return "## BEAM search\n\n" + table(["model", "dtype", "--search", "decode ms", "first call s"], rows)
 
-MARKDOWN = {"device": md_device, "kernels": md_kernels, "choice": md_choice, "passes": md_passes, "speedup": md_speedup,
-            "cold": md_cold, "search": md_search}
+MARKDOWN = {"device": md_device, "headline": md_headline, "kernels": md_kernels, "choice": md_choice,
+            "passes": md_passes, "speedup": md_speedup, "cold": md_cold, "search": md_search}
 FLOOR = [0.0]   # the device stage's floor bandwidth, for the passes' table
 
 # ***** packing the deep pair to travel *****
@@ -539,8 +569,8 @@ def unpacked(path:pathlib.Path, tmp:pathlib.Path) -> pathlib.Path:
 
 # ***** the command *****
 
-RUN = {"device": device_stage, "kernels": kernels_stage, "choice": choice_stage, "passes": passes_stage,
-       "speedup": speedup_stage, "cold": cold_stage, "search": search_stage}
+RUN = {"device": device_stage, "headline": headline_stage, "kernels": kernels_stage, "choice": choice_stage,
+       "passes": passes_stage, "speedup": speedup_stage, "cold": cold_stage, "search": search_stage}
 
 def watch(parent:int) -> None:
   """A stage ends with the command that started it: killed with its process group (its own runs of spec.py) once
@@ -555,6 +585,7 @@ def run_stage(args, out:pathlib.Path, scratch:pathlib.Path) -> int:
   watch(args.parent)
   with contextlib.suppress(Exception): FLOOR[0] = json.loads((scratch / "device.json").read_text())["floor_bandwidth"]
   st = Stage(out, scratch, args.stage, args.tiny, args.pair)
+  st.limit = args.limit
   st.save()
   try: RUN[args.stage](st)
   except Exception:
@@ -568,7 +599,8 @@ def main() -> int:
   ap.add_argument("--out", metavar="DIR", help="where report.md and report.json go (created; nothing else goes there)")
   ap.add_argument("--scratch", metavar="DIR", help="the stages' caches and figures (default: a new temporary folder)")
   ap.add_argument("--tiny", action="store_true", help="tiny models in every stage: minutes on any device")
-  ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="the stages to run (all)")
+  ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=[s for s in STAGES if s != "search"],
+                  help="the stages to run, in their order (default: all but search)")
   ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for the whole report (default {BUDGET})")
   ap.add_argument("--pair", nargs=2, metavar=("TARGET", "DRAFT"), help="the trained pair, as checkpoint directories or "
                   "packed by --pack (default: ../shared/models/docs-deep and docs-draft where they are)")
@@ -578,6 +610,7 @@ def main() -> int:
   ap.add_argument("--wheels", metavar="DIR", help="wheels to install where tinygrad cannot be imported")
   ap.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)   # one stage, in this process
   ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)              # the command's pid, for the stage
+  ap.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)   # the stage's time limit
   args = ap.parse_args()
   if args.pack: pack(pathlib.Path(args.pack)); return 0
   if not args.out: ap.error("--out DIR is required")
@@ -595,9 +628,12 @@ def main() -> int:
     if limit < 5:
       print(f"{name}: not run, {left:.0f} s of the budget left", flush=True); failed.append(name); continue
     cmd = [sys.executable, __file__, "--stage", name, "--out", str(out), "--scratch", str(scratch), "--parent",
-           str(os.getpid())] + (["--tiny"] if args.tiny else []) + (["--pair", *args.pair] if args.pair else [])
+           str(os.getpid()), "--limit", str(limit)] + (["--tiny"] if args.tiny else []) + \
+          (["--pair", *args.pair] if args.pair else [])
+    # the choice step from an empty cache of its own: a first run's cost, whatever the stages before it chose
+    stage_env = {**env, "CACHEDB": str(scratch / "choice.db")} if name == "choice" else env
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=stage_env, start_new_session=True)
     try: code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
       os.killpg(proc.pid, signal.SIGKILL); proc.wait(); code = None

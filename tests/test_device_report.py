@@ -64,7 +64,7 @@ def what_comes_back(out:pathlib.Path) -> list[str]:
 def test_the_report_comes_back_from_a_borrowed_machine(tmp_path):
   """The documented command on a stand-in for a borrowed GPU (on the CPU, tiny stages): tinygrad and z3 unimportable
   until --wheels installs tinygrad's wheel, the packed pair, TIKTOKEN_CACHE_DIR naming a cache without GPT-2's
-  tokenizer. It ends 0 with report.md and report.json alone in its folder, the speedup measured on the packed pair."""
+  tokenizer. It ends 0 with report.md and report.json alone in its folder, its headline measured on the packed pair."""
   shared_dir()
   device_report.pack(tmp_path / "pair", names=("docs-draft",))
   (whl := tmp_path / "whl").mkdir()
@@ -76,13 +76,13 @@ def test_the_report_comes_back_from_a_borrowed_machine(tmp_path):
          "TIKTOKEN_CACHE_DIR": str(empty)}
   run = subprocess.run([sys.executable, str(ROOT / "tests" / "device_report.py"), "--tiny", "--out", str(out),
                         "--pair", *pair, "--wheels", str(whl), "--scratch", str(tmp_path / "scratch"),
-                        "--stages", "device", "speedup"], env=env, capture_output=True, text=True, cwd=tmp_path)
+                        "--stages", "device", "headline"], env=env, capture_output=True, text=True, cwd=tmp_path)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   assert sorted(f.name for f in out.iterdir()) == ["report.json", "report.md"] and what_comes_back(out) == []
   stages = json.loads((out / "report.json").read_text())["stages"]
   assert [s["status"] for s in stages.values()] == ["done", "done"]
-  assert stages["speedup"]["pair"]["target"] == "docs-draft"
-  assert "*speedup: done after" in (out / "report.md").read_text()
+  assert stages["headline"]["pair"]["target"] == "docs-draft" and len(stages["headline"]["decode"]) == 2
+  assert "*headline: done after" in (out / "report.md").read_text()
 
 def test_a_report_killed_mid_stage_reads_and_marks_the_stage_cut(tmp_path):
   """SIGKILL to the command inside its kernels stage: report.md and report.json stay whole, the stage marked running
