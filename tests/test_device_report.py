@@ -97,12 +97,18 @@ def test_a_report_killed_mid_stage_reads_and_marks_the_stage_cut(tmp_path):
         if json.loads((out / "report.json").read_text())["stages"]["kernels"].get("rows"): break
       time.sleep(0.5)
   finally: proc.kill(); proc.wait()
-  time.sleep(3)   # the stage's watch sees its parent gone within a second
+  for _ in range(20):   # the stage's watch sees its parent gone within a second
+    time.sleep(1)
+    if not (alive := naming(scratch)): break
+  assert alive == [], alive
   stages = json.loads((out / "report.json").read_text())["stages"]
   assert stages["device"]["status"] == "done" and stages["kernels"]["status"] == "running" and stages["kernels"]["rows"]
   assert "*kernels: running" in (out / "report.md").read_text() and what_comes_back(out) == []
-  alive = []   # processes naming the scratch folder, where /proc lists them (Linux)
+
+def naming(folder:pathlib.Path) -> list[str]:
+  """The processes whose command line names folder, where /proc lists them (Linux)."""
+  alive = []
   for p in pathlib.Path("/proc").glob("[0-9]*"):
     with contextlib.suppress(OSError):
-      if str(scratch) in (p / "cmdline").read_bytes().decode(errors="replace"): alive.append(p.name)
-  assert alive == [], alive
+      if str(folder) in (p / "cmdline").read_bytes().decode(errors="replace"): alive.append(p.name)
+  return alive
