@@ -527,7 +527,6 @@ def work_groups_or_none(what:str):
   return False
 
 @pytest.mark.backend
-@pytest.mark.gpu
 def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, disk, capfd):
   """linear.choose() compares each candidate in the form a block runs it: a matvec kernel right as a bare x @ w.T + b
   but wrong with its layer norm folded in (its eps far off) drops out with one line; the bare form still runs it."""
@@ -565,7 +564,6 @@ def combine_without_its_stores(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, 
   return UOp.group(store).end(h, t, d).sink(arg=KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=()))
 
 @pytest.mark.backend
-@pytest.mark.gpu
 def test_an_attention_that_leaves_the_cache_unwritten_never_wins(monkeypatch, disk, capfd):
   """attention.choose() counts the cache a candidate writes among its outputs, on fresh caches for each: the GPU
   design with a combine kernel that never stores the block's keys and values (its attention right at the first
@@ -582,7 +580,6 @@ def test_an_attention_that_leaves_the_cache_unwritten_never_wins(monkeypatch, di
   assert [a.cache_kv.numpy().tobytes() for a in layers] == caches, "the model's caches were written"
 
 @pytest.mark.backend
-@pytest.mark.gpu
 @pytest.mark.parametrize("C", [768, 1600])
 def test_one_pass_layer_norms_cancel_nothing_at_a_massive_element(C):
   """The layer norms that sum a row in one pass (the stats kernel, the matvec kernel's fused norm; float32) stay within
