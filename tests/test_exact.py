@@ -8,7 +8,8 @@ from conftest import chi2_sf
 import self_check
 from self_check import probability, stop_probability
 
-pytestmark = [pytest.mark.backend, pytest.mark.quick]   # the device's own acceptance, residual and verify(), in float64 (needs device support)
+# the device's own acceptance, residual and verify(), in float64 (needs device support); all in the quick tier
+pytestmark = [pytest.mark.backend, pytest.mark.quick]
 
 def rule_distribution(p:np.ndarray, q:np.ndarray, acceptance=spec.acceptance, residual=spec.residual) -> np.ndarray:
   """P(emitted = x) for one position: draft x~ ~ p, kept with the sampler's acceptance probability, else one draw
@@ -264,7 +265,8 @@ def toy_pair(V:int, draft:str, T:float):
 EMULATED = [(2, 4, "model", 1.0), (3, 3, "one-hot", 0.5)]   # the GPU suite's rounds: each K, both drafts
 
 @pytest.mark.parametrize("rule", ["token", "block"])
-@pytest.mark.parametrize("K,V,draft,T", [pytest.param(*r, marks=pytest.mark.gpu) if r in EMULATED else r for r in ROUNDS],
+@pytest.mark.parametrize("K,V,draft,T", [pytest.param(*r, marks=pytest.mark.gpu) if r in EMULATED else r
+                                          for r in ROUNDS],
                          ids=[f"K{K}-V{V}-{d}-T{T}" for K, V, d, T in ROUNDS])
 def test_round_emits_the_target_distribution(K, V, draft, T, rule):
   p, q = toy_pair(V, draft, T)
