@@ -281,7 +281,7 @@ def passes_stage(st:Stage) -> None:
   os.environ["SPEC_STEP_CACHE"] = ""   # each pass captured here: a stored one would bring other tables' kernels
   rows, tables = [], []
   for name, widths in (("gpt2-xl", TINY_WIDTHS if st.tiny else PASS_WIDTHS), ("gpt2", (1,))):
-    for dtype in dtype_names(st.tiny):
+    for dtype in [auto_dtype()] if st.tiny else dtype_names():   # --tiny: the other stages' dtype, their choices cached
       for plain in (False, True):
         m = model(name, dtype, st.tiny, plain)
         weights = {t.uop.buffer for k, t in get_state_dict(m).items() if "cache_kv" not in k}
