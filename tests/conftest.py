@@ -11,10 +11,12 @@ SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT))
 # offline: the shared copy of the tokenizer, also where the environment names a cache of its own (which may lack it)
 if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
-# captured steps (models/gpt2.py, Step) go to a store of this process's own, never the user's: a run of the suite
-# captures each step once, and no step stored by other code is loaded; removed at exit (about 100 MB a process)
-os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
-atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True)
+# captured steps (models/gpt2.py, Step) go to a store of the run's own, never the user's: a run of the suite captures
+# each step once (pytest-xdist's workers inherit the store its controller made), and no step stored by other code is
+# loaded; removed at the end (about 100 MB)
+if "PYTEST_XDIST_WORKER" not in os.environ:
+  os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
+  atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True)
 
 # every kernel a test compiles is checked by tinygrad's code generator, which proves each load and store index inside its
 # buffer (CHECK_OOB=1, with the z3 solver): an out-of-bounds access fails its test as it compiles, not only when it
