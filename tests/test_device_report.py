@@ -7,6 +7,9 @@ import models
 from conftest import ROOT, read_safetensors, shared_dir
 import device_report
 
+# the stages' time limits stretched: CI runs these beside other work on 2 cores, and no verdict hangs on timings
+SLACK = 10
+
 def read_half(fn) -> dict[str, np.ndarray]:
   raw = fn.read_bytes()
   n = struct.unpack("<Q", raw[:8])[0]
@@ -76,7 +79,7 @@ def test_the_report_comes_back_from_a_borrowed_machine(tmp_path):
          "TIKTOKEN_CACHE_DIR": str(empty)}
   run = subprocess.run([sys.executable, str(ROOT / "tests" / "device_report.py"), "--tiny", "--out", str(out),
                         "--pair", *pair, "--wheels", str(whl), "--scratch", str(tmp_path / "scratch"),
-                        "--stages", "device", "headline"], env=env, capture_output=True, text=True, cwd=tmp_path)
+                        "--stages", "device", "headline", "--slack", str(SLACK)], env=env, capture_output=True, text=True, cwd=tmp_path)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   assert sorted(f.name for f in out.iterdir()) == ["report.json", "report.md"] and what_comes_back(out) == []
   stages = json.loads((out / "report.json").read_text())["stages"]
@@ -89,10 +92,10 @@ def test_a_report_killed_mid_stage_reads_and_marks_the_stage_cut(tmp_path):
   (a report that ends there was cut), and the stage's process ends with the command."""
   out, scratch = tmp_path / "out" / "report", tmp_path / "scratch"
   proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "device_report.py"), "--tiny", "--out", str(out),
-                           "--scratch", str(scratch), "--stages", "device", "kernels"],
+                           "--scratch", str(scratch), "--stages", "device", "kernels", "--slack", str(SLACK)],
                           env={**os.environ, "DEV": "CPU"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
-    for _ in range(600):
+    for _ in range(1200):
       with contextlib.suppress(FileNotFoundError, KeyError):
         if json.loads((out / "report.json").read_text())["stages"]["kernels"].get("rows"): break
       time.sleep(0.5)

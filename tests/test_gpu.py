@@ -2,7 +2,9 @@
 every kernel runs in the interpreter: cache rollback and greedy identity on few tokens. The suite also takes, marked
 gpu elsewhere: parity with the numpy GPT-2, a (K+1)-wide pass against K+1 decodes, exact enumeration of whole rounds on
 the device, and the engine's kernels against their formulas. The engine measures its kernel choices there as
-everywhere (the timings of an interpreter choose arbitrarily; both choices are tested against the formula)."""
+everywhere (the timings of an interpreter choose arbitrarily; both choices are tested against the formula). Beside
+them, unmarked (they run on tinygrad's NULL device whatever DEV is), the probes showing that the GPU checks of
+tests/render_kernels.py and tests/kernel_bounds.py can fail."""
 import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
@@ -10,12 +12,12 @@ from tinygrad import Tensor, dtypes
 import spec
 from conftest import load, tolerance
 
-pytestmark = pytest.mark.gpu
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir): return {name: load(tiny_dir / name) for name in ("target", "draft")}
 
+@pytest.mark.gpu
 def test_decode_and_rollback_on_few_tokens(tiny):
   target, seq = tiny["target"], [int(t) for t in np.random.default_rng(1).integers(0, 64, 8)]
   full = target.forward(Tensor([seq], dtype=dtypes.int32), 0).numpy()
@@ -27,6 +29,7 @@ def test_decode_and_rollback_on_few_tokens(tiny):
   expected = target.forward(Tensor([seq[:6] + other], dtype=dtypes.int32), 0).numpy()[-2:]
   np.testing.assert_allclose(np.stack(got), expected, atol=tolerance() * np.abs(expected).max())
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("K,verification", [(1, "block"), (4, "token")])   # each rule, each K (all four: test_spec)
 def test_greedy_identity_on_few_tokens(tiny, K, verification):
   alone = spec.autoregressive_generate(tiny["target"], [5, 9, 2], 12, eos=None)[0]
