@@ -1,8 +1,8 @@
 """The GPU suite's own small tests, for CUDA's target emulated in Python (DEV=PYTHON::sm_80, pytest -m gpu), where
 every kernel runs in the interpreter: cache rollback and greedy identity on few tokens. The suite also takes, marked
 gpu elsewhere: parity with the numpy GPT-2, a (K+1)-wide pass against K+1 decodes, exact enumeration of whole rounds on
-the device, and the engine's kernels against their formulas. The engine measures its kernel choices there as
-everywhere (the timings of an interpreter choose arbitrarily; both choices are tested against the formula). Beside
+the device, and the engine's kernels against their formulas. The engine measures no choice there (an interpreter's
+timings choose arbitrarily): its kernels run wherever they fit (conftest.py, engine.everywhere()). Beside
 them, unmarked (they run on tinygrad's NULL device whatever DEV is), the probes showing that the GPU checks of
 tests/render_kernels.py and tests/kernel_bounds.py can fail."""
 import json, os, pathlib, subprocess, sys
@@ -32,9 +32,9 @@ def test_decode_and_rollback_on_few_tokens(tiny):
 @pytest.mark.gpu
 @pytest.mark.parametrize("K,verification", [(1, "block"), (4, "token")])   # each rule, each K (all four: test_spec)
 def test_greedy_identity_on_few_tokens(tiny, K, verification):
-  alone = spec.autoregressive_generate(tiny["target"], [5, 9, 2], 12, eos=None)[0]
-  got, stats = spec.speculative_generate(tiny["target"], tiny["draft"], [5, 9, 2], K, 12, eos=None, verification=verification)
-  assert got == alone and stats.rounds < 12, stats
+  alone = spec.autoregressive_generate(tiny["target"], [5, 9, 2], 8, eos=None)[0]
+  got, stats = spec.speculative_generate(tiny["target"], tiny["draft"], [5, 9, 2], K, 8, eos=None, verification=verification)
+  assert got == alone and stats.rounds < 8, stats
 
 PROBE = """
 import json, render_kernels as rk, models, spec
