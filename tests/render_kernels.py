@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Every kernel of spec's paths rendered for the GPUs, and compiled where this machine has the compiler, without a GPU.
 
-  python tests/render_kernels.py                    # CI: the tiny model in float32 and gpt2's shapes in float16
+  python tests/render_kernels.py                    # the tiny model in float32 and gpt2's shapes in float16
+  python tests/render_kernels.py --shapes gpt2      # CI: gpt2's shapes in float16
   python tests/render_kernels.py --run gpt2 float32 # one shape in one dtype, in this process
 
 It runs spec's paths on tinygrad's NULL device (it lowers and renders kernels but runs nothing): the target alone, and
@@ -136,9 +137,11 @@ def main() -> int:
   ap.add_argument("-K", type=int, nargs="+", default=[1, 2, 4, 8], help="lookaheads (default: 1 2 4 8)")
   ap.add_argument("--run", nargs=2, metavar=("SHAPE", "DTYPE"),
                   help=f"one of {', '.join(SHAPES)} in float32 or float16, in this process")
+  ap.add_argument("--shapes", nargs="+", choices=["tiny", "gpt2"], default=["tiny", "gpt2"],
+                  help="the tiny model in float32 (every path), gpt2's shapes in float16 (fewer): a process each")
   args = ap.parse_args()
   if args.run: return 1 if render(*args.run, args.K) else 0
-  runs = [("tiny", "float32"), ("gpt2", "float16")]   # one process each, both cores
+  runs = [(shape, {"tiny": "float32", "gpt2": "float16"}[shape]) for shape in args.shapes]
   procs = [subprocess.Popen([sys.executable, __file__, "--run", *run, "-K", *map(str, args.K)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for run in runs]
   codes = []
