@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Every kernel of spec's paths rendered for the GPUs, and compiled where this machine has the compiler, without a GPU.
 
-  python tests/render_kernels.py                    # the tiny model in float32 and gpt2's shapes in float16
-  python tests/render_kernels.py --shapes gpt2      # CI: gpt2's shapes in float16
+  python tests/render_kernels.py                    # the tiny model in float32 and gpt2's shapes in float16 (by hand)
+  python tests/render_kernels.py --shapes gpt2      # gpt2's shapes in float16 only
   python tests/render_kernels.py --run gpt2 float32 # one shape in one dtype, in this process
 
 It runs spec's paths on tinygrad's NULL device (it lowers and renders kernels but runs nothing): the target alone, and
