@@ -149,3 +149,17 @@ def test_a_process_and_its_children_name_a_step_alike_with_dev_unset():
   assert out.returncode == 0, out.stderr[-2000:]
   parent, child = json.loads(out.stdout.splitlines()[-1])
   assert parent == child, (parent, child)
+
+def test_a_step_is_named_by_the_kernels_chosen_for_it(tiny_dir, monkeypatch):
+  """A step's name holds the kernel choices it was captured with (engine.choose_kernels()): two processes that measured
+  different winners (a close race, a busy machine) capture kernels that sum in another order, and one loading the
+  other's step ran kernels other than its own choices (the replay test then differed from tinygrad's executor in the
+  last bits). The same choices name the same file."""
+  monkeypatch.setenv("SPEC_STEP_CACHE", "/nonexistent-store")
+  model = load(tiny_dir / "target")
+  files = {}
+  for way in (None, "lanes", None):
+    for module in engine.TABLES: monkeypatch.setattr(module, "use", engine.Ways(lambda key, way=way: way))
+    files.setdefault(way, set()).add(str(model.jit(spec.target_verify, 3, one_hot=True, greedy=True, filters=()).path))
+    model.jits.clear()
+  assert all(len(f) == 1 for f in files.values()) and files[None] != files["lanes"], files

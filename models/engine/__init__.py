@@ -51,13 +51,14 @@ def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   tables hold by then: a stored pass is the same whichever process captured it)."""
   model, (name, T) = model_ref(), key[:2]
   step = name != GPT2.fill.__name__ and T <= STEP_WIDTH
-  if step: choose_kernels(model, {1, T})
+  choices = choose_kernels(model, {1, T}) if step else ()
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
-  return Step(fn, search if step else 0, what, model, store.step_file(model, fn.func, key, search), formulas=not step)
+  path = store.step_file(model, fn.func, key, search, choices)
+  return Step(fn, search if step else 0, what, model, path, formulas=not step)
 
-def choose_kernels(model:GPT2, widths) -> None:
+def choose_kernels(model:GPT2, widths) -> tuple:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over its
-  layers, and the lm_head), attention and the layer norms fastest: the engine's or tinygrad's."""
+  layers, and the lm_head), attention and the layer norms fastest: the engine's or tinygrad's. Returns the choices."""
   blocks = model.h
   # each linear role in the form a block runs it (engine.Block): its weights, biases and what surrounds it
   roles = [([b.attn.c_attn for b in blocks], dict(lns=[b.ln_1 for b in blocks])),
@@ -68,11 +69,13 @@ def choose_kernels(model:GPT2, widths) -> None:
            [([model.wte.weight], None, dict(dtype=dtypes.float32))]   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
+  choices = []
   with notice(what), replay.graph(Device.DEFAULT):
     for T in sorted(widths):
-      for weights, biases, form in groups: linear.choose(T, weights, biases, model.dtype, **form)
-      attention.choose(T, [b.attn for b in blocks], model.dtype)
-      norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype)
+      choices += [linear.choose(T, weights, biases, model.dtype, **form) for weights, biases, form in groups]
+      choices.append(attention.choose(T, [b.attn for b in blocks], model.dtype))
+      choices.append(norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype))
+  return tuple(choices)
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),

@@ -52,12 +52,19 @@ def _renumbered(op, dtype=None, src=(), arg=None, tag=None, metadata=None, *buff
   if op is Ops.BUFFER and arg.device is not None: arg = dataclasses.replace(arg, slot=next(UOp.unique_num))
   return UOp(op, dtype, src, arg, tag, metadata, *buffer)
 
-def step_file(model, fn, key:tuple, search:int) -> pathlib.Path|None:
+def step_file(model, fn, key:tuple, search:int, choices:tuple=()) -> pathlib.Path|None:
   """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache, and
-  nowhere with CACHELEVEL=0. The name hashes the code of the port and the engine and of fn's module, tinygrad's version,
-  device and settings, the model's shape and dtype, the search width and the step's arguments."""
+  nowhere with CACHELEVEL=0; named by step_name()."""
+  return step_path(step_name(model, fn, key, search, choices))
+
+def step_path(name:str) -> pathlib.Path|None:
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
-  if not root or CACHELEVEL.value == 0: return None
+  return None if not root or CACHELEVEL.value == 0 else pathlib.Path(root) / f"{name}.pkl"
+
+def step_name(model, fn, key:tuple, search:int, choices:tuple=()) -> str:
+  """A hash of the code of the port and the engine and of fn's module, tinygrad's version, device and settings, the
+  model's shape and dtype, the search width, the step's arguments and the kernels chosen for it (choices: processes
+  that measured other winners capture other kernels, whose sums round otherwise)."""
   models = pathlib.Path(__file__).parent.parent
   files = sorted({*models.glob("*.py"), *models.glob("engine/*.py"), pathlib.Path(inspect.getsourcefile(fn))})
   # the settings that shape programs (tinygrad's own list) and any set in the environment: not every ContextVar, as
@@ -68,6 +75,6 @@ def step_file(model, fn, key:tuple, search:int) -> pathlib.Path|None:
   settings = sorted({(v.key, str(v.value)) for v in shaping} | {(k, str(v.value)) for k, v in ContextVar._cache.items()
                                                                 if k in os.environ and k != "DEV"})
   what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
-          model.cfg, model.dtype, search, key)
+          model.cfg, model.dtype, search, key, choices)
   code = b"".join(f.read_bytes() for f in files)
-  return pathlib.Path(root) / f"{hashlib.sha256(code + repr(what).encode()).hexdigest()[:32]}.pkl"
+  return hashlib.sha256(code + repr(what).encode()).hexdigest()[:32]
