@@ -7,9 +7,10 @@ from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.engine.realize import get_graph_runtime
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from tinygrad.codegen import to_program_cache
+from tinygrad.helpers import NUM_CPU_THREADS
 import models, spec
 from models import GPT2, GPT2Config, engine
-from models.engine import attention, lanes, linear, matvec, measure, norm, replay, store
+from models.engine import attention, lanes, linear, matvec, measure, native, norm, replay, store
 from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -34,24 +35,81 @@ def layer(H:int, P:int, D:int, cache:Tensor|None=None) -> models.gpt2.Attention:
   if cache is not None: attn.cache_kv = cache
   return attn
 
+def runner_way(monkeypatch, way:bool) -> None:
+  """Every step's batches run by native.py's runner (way True) or as replay.py replays them, nothing measured."""
+  def forced(captured, run, name):
+    for g in native.graphs(captured): g.native = way
+    return way
+  monkeypatch.setattr(native, "choose", forced)
+
 @pytest.mark.backend
-def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir):
+def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir, monkeypatch):
   """A captured step on a device without a graph of its own runs as models/engine/replay.py's batches, and computes what
   tinygrad's own executor computes (JIT=2: no graph) to the bit, as its input buffer, start position and widths change
-  (each call where the cache ends: a position never written holds whatever its memory held)."""
-  ours, theirs = load(tiny_dir / "target"), load(tiny_dir / "target")
+  (each call where the cache ends: a position never written holds whatever its memory held). Where native.py's runner
+  fits the device (tinygrad's CPU backend) both ways run: the runner, with kernels split over the cores, and replay."""
   seq = [int(t) for t in np.random.default_rng(9).integers(0, 64, 40)]
   def run(model, jit:int) -> list[np.ndarray]:
     with Context(JIT=jit):
       model.prefill(seq[:4])
       return [model(seq[p:p+w], p).numpy() for p, w in ((4, 1), (5, 5), (10, 1), (11, 3), (14, 1), (15, 5), (20, 1))]
-  expected, got = run(theirs, 2), run(ours, 1)
-  for a, b in zip(got, expected): np.testing.assert_array_equal(a, b)
+  theirs = load(tiny_dir / "target")
+  expected = run(theirs, 2)
   calls = lambda model: [call.src[0] for step in model.jits.values() for call in step.captured.linear.src]
-  graphs = [c for c in calls(ours) if c.op is Ops.CUSTOM_FUNCTION and c.arg == "graph"]
-  assert graphs and not any(c.op is Ops.CUSTOM_FUNCTION for c in calls(theirs))
-  if Device[Device.DEFAULT].graph is None:   # replay.py's device
-    assert all(isinstance(get_graph_runtime(g), replay.Replay) for g in graphs)
+  for way in [True, False] if native.fits(Device.DEFAULT) else [None]:
+    if way is not None: runner_way(monkeypatch, way)
+    ours = load(tiny_dir / "target")
+    got = run(ours, 1)
+    for a, b in zip(got, expected): np.testing.assert_array_equal(a, b)
+    graphs = [c for c in calls(ours) if c.op is Ops.CUSTOM_FUNCTION and c.arg == "graph"]
+    assert graphs and not any(c.op is Ops.CUSTOM_FUNCTION for c in calls(theirs))
+    if Device[Device.DEFAULT].graph is None:   # replay.py's device
+      assert all(isinstance(get_graph_runtime(g), replay.Replay) for g in graphs)
+    if way is not None:
+      batches = [b for step in ours.jits.values() for b in native.graphs(step.captured)]
+      assert len(batches) == len(graphs) and all(b.native is way for b in batches)
+      # kernels split over the cores, which the runner's threads share (the lanes kernel, attention's 2 heads)
+      assert NUM_CPU_THREADS.value == 1 or max(launch[2][0][0] for b in batches for launch in b.launches) > 1
+
+def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk):
+  """native.choose() times a step by both ways (its batches run by the runner, or as replay.py replays them) and keeps
+  the faster, once per machine and step: a second process measures nothing; another step measures again."""
+  batches = [types.SimpleNamespace(native=None) for _ in range(2)]
+  monkeypatch.setattr(native, "graphs", lambda captured: batches)
+  timed = []
+  def costs(replay_s, native_s):
+    monkeypatch.setattr(measure, "best_seconds",
+                        lambda run: timed.append(batches[0].native) or (native_s if batches[0].native else replay_s))
+  costs(2e-3, 1e-3)
+  assert native.choose(None, None, "step a") is True and all(b.native is True for b in batches) and timed
+  timed.clear(); costs(1e-3, 2e-3)
+  assert native.choose(None, None, "step a") is True and timed == [], "measured again"
+  assert native.choose(None, None, "step b") is False and all(b.native is False for b in batches)
+  assert set(timed) == {True, False}
+  monkeypatch.setattr(native, "graphs", lambda captured: [])
+  assert native.choose(None, None, "step c") is None
+
+def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_dir, monkeypatch, capfd):
+  """Where native.py's runner does not compile or load (no C compiler, say), one line on stderr says so and why, the
+  steps are replayed by replay.py, and the logits are a numpy GPT-2's. On a device the runner never fits (a GPU,
+  OpenCL) nothing is said."""
+  from tinygrad.runtime.ops_cpu import CPUProgram
+  monkeypatch.setenv("SPEC_STEP_CACHE", "")
+  def broken(): raise OSError("no compiler here")
+  monkeypatch.setattr(native, "runner", broken)
+  native.fits.cache_clear()
+  seq = [int(t) for t in np.random.default_rng(4).integers(0, 64, 6)]
+  try:
+    model = load(tiny_dir / "target")
+    model.prefill(seq[:5])
+    got = [model(seq[5:], 5).numpy() for _ in range(3)][-1]
+  finally: native.fits.cache_clear()
+  assert_close(got, np_gpt2_logits(random_weights(TINY, seed=1), TINY["n_head"], seq)[5:])
+  lines = [l for l in capfd.readouterr().err.splitlines() if "runner" in l]
+  if Device[Device.DEFAULT].runtime_t is CPUProgram:
+    assert len(lines) == 1 and "cannot run" in lines[0] and "no compiler here" in lines[0], lines
+  else: assert lines == []
+  assert not [b for step in model.jits.values() for b in native.graphs(step.captured)]
 
 def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
 

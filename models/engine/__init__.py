@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
-from models.engine import attention, linear, norm, replay, store
+from models.engine import attention, linear, native, norm, replay, store
 from models.engine.measure import half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
@@ -53,8 +53,8 @@ def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   step = name != GPT2.fill.__name__ and T <= STEP_WIDTH
   choices = choose_kernels(model, {1, T}) if step else ()
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
-  path = store.step_file(model, fn.func, key, search, choices)
-  return Step(fn, search if step else 0, what, model, path, formulas=not step)
+  stored = store.step_name(model, fn.func, key, search, choices)
+  return Step(fn, search if step else 0, what, model, stored, formulas=not step)
 
 def choose_kernels(model:GPT2, widths) -> tuple:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over its
@@ -70,7 +70,7 @@ def choose_kernels(model:GPT2, widths) -> tuple:
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   choices = []
-  with notice(what), replay.graph(Device.DEFAULT):
+  with notice(what), graph():
     for T in sorted(widths):
       choices += [linear.choose(T, weights, biases, model.dtype, **form) for weights, biases, form in groups]
       choices.append(attention.choose(T, [b.attn for b in blocks], model.dtype))
@@ -79,11 +79,13 @@ def choose_kernels(model:GPT2, widths) -> tuple:
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
-  or with the formulas only, replayed through replay.py's graph, stored at `path` once captured, and loaded from there
-  by a later process."""
-  def __init__(self, fn, search:int, what:str, model:GPT2, path, formulas:bool=False):
-    self.search, self.what, self.model, self.path, self.formulas = search, what, weakref.ref(model), path, formulas
-    self.fn = (path and store.load(model, path)) or TinyJit(fn)
+  or with the formulas only, run by native.py's runner where it fits and measures faster, else replayed through
+  replay.py's graph, stored under its name (store.step_name()) once captured, and loaded from there by a later
+  process."""
+  def __init__(self, fn, search:int, what:str, model:GPT2, name:str, formulas:bool=False):
+    self.search, self.what, self.model, self.name, self.formulas = search, what, weakref.ref(model), name, formulas
+    self.path = store.step_path(name)
+    self.fn = (self.path and store.load(model, self.path)) or TinyJit(fn)
     self.calls = 0
   captured = property(lambda self: self.fn.captured)
   # calls as tinygrad's TinyJit counts them: the first call runs the function plainly and captures it (or links a
@@ -91,14 +93,22 @@ class Step:
   cnt = property(lambda self: self.calls + (self.calls > 0))
   def __call__(self, *args):
     self.calls += 1
-    with replay.graph(Device.DEFAULT):
-      if self.fn.captured is not None: return self.fn(*args)
-      searched = " with searched kernels" if self.search else ""
-      with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"), \
-           (formulas() if self.formulas else contextlib.nullcontext()):
-        for _ in range(2): ret = self.fn(*args)   # plainly, then captured: both now, on the same inputs
-    if self.path is not None: store.save(self.fn, self.model(), self.path)
+    with graph():
+      if self.fn.captured is not None: ret = self.fn(*args)
+      else:
+        searched = " with searched kernels" if self.search else ""
+        with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"), \
+             (formulas() if self.formulas else contextlib.nullcontext()):
+          for _ in range(2): ret = self.fn(*args)   # plainly, then captured: both now, on the same inputs
+        if self.path is not None: store.save(self.fn, self.model(), self.path)
+      # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them
+      if self.calls == 1: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
     return ret
+
+def graph():
+  """The engine's graph for tinygrad's default device meanwhile, where tinygrad has none: native.py's where it fits,
+  else replay.py's."""
+  return replay.graph(Device.DEFAULT, native.Native if native.fits(Device.DEFAULT) else replay.Replay)
 
 TABLES = (linear, attention, norm)   # the modules whose `use` tables hold the measured choices
 

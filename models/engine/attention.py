@@ -18,7 +18,7 @@ from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.gpt2 import Attention
-from models.engine.lanes import rows
+from models.engine.lanes import rows, splits
 from models.engine.measure import captured, fastest, random, work_groups
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
@@ -35,10 +35,13 @@ def formula(attn:Attention, qkv:Tensor, start_pos:int|UOp) -> Tensor:
   attn.store(qkv, start_pos)
   return Attention.attend(attn, qkv, start_pos)
 
-def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp) -> UOp:
+def thread(threads:int) -> tuple[Opt, ...]: return (Opt(OptOps.THREAD, 0, threads),) if threads > 1 else ()
+
+def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   """out[0, h, t, s] = q[t, h] . k[h, s] / sqrt(D) for s <= pos + t, -inf for the block's later positions (causal),
   float32; qkv (1, T, 3C) is c_attn's output, cache (2, 1, H, P, D). Columns from pos + T on are not written. A
-  work-item per head, position and chunk of rows; the dot product in 4 lanes."""
+  work-item per head, position and chunk of rows; the dot product in 4 lanes; the heads in `threads` parts
+  (lanes.splits())."""
   (_, H, T, _), D = out.shape, cache.shape[-1]
   chunk = rows(T)
   h, s, tc = UOp.range(H, 0), UOp.range(pos + T, 1), UOp.range(T // chunk, 2)
@@ -48,13 +51,13 @@ def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp) -> UOp:
   products = qkv[0, t, h * D + k].cast(dtypes.float32) * cache[0, 0, h, s, k].cast(dtypes.float32)
   dot = products.reduce(d, arg=Ops.ADD).reduce(lane, arg=Ops.ADD)
   score = (s <= pos + t).where(dot * (1 / math.sqrt(D)), -math.inf)
-  info = KernelInfo(name=f"scores_{T}_{H}_{D}", opts_to_apply=())
+  info = KernelInfo(name=f"scores_{T}_{H}_{D}", opts_to_apply=thread(threads))
   return out[0, h, t, s].store(score).end(h, s, tc, ti).sink(arg=info)
 
-def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp) -> UOp:
+def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   """out[0, t, h*D + d] = sum_s exps[0, h, t, s] * v[h, s, d] / sum_s exps[0, h, t, s] over s < pos + T: the softmax's
   division done on T x D outputs instead of T x S exponentials. A work-item per head, SPLIT outputs and chunk of
-  rows."""
+  rows; the heads in `threads` parts."""
   (_, H, T, _), D = exps.shape, cache.shape[-1]
   chunk = rows(T)
   h, dc, tc = UOp.range(H, 0), UOp.range(D // SPLIT, 1), UOp.range(T // chunk, 2)
@@ -63,7 +66,7 @@ def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp) -> UOp:
   t, d = tc * chunk + ti, dc * SPLIT + dl
   acc = (exps[0, h, t, s] * cache[1, 0, h, s, d].cast(dtypes.float32)).reduce(s, arg=Ops.ADD)
   y = acc / exps[0, h, t, s2].reduce(s2, arg=Ops.ADD)
-  info = KernelInfo(name=f"values_{T}_{H}_{D}", opts_to_apply=())
+  info = KernelInfo(name=f"values_{T}_{H}_{D}", opts_to_apply=thread(threads))
   return out[0, t, h * D + d].store(y.cast(out.dtype)).end(h, dc, tc, ti, dl).sink(arg=info)
 
 f32 = lambda u: u.cast(dtypes.float32)
@@ -143,11 +146,13 @@ def kernels(qkv:Tensor, cache:Tensor, start_pos:int|UOp) -> Tensor:
   """Attend's result (1, T, C) over a cache that holds the block by the CPU design's two kernels, tinygrad's own taking
   the scores' maximum and exponentials."""
   (B, T, C3), (_, _, H, P, _) = qkv.shape, cache.shape
-  pos = position(start_pos, P, T)
-  scores = custom(scores_kernel, Tensor.empty(B, H, T, P, device=qkv.device), qkv, cache, pos=pos)[..., :start_pos + T]
+  pos, threads = position(start_pos, P, T), splits(H, qkv.device)
+  scores = custom(functools.partial(scores_kernel, threads=threads), Tensor.empty(B, H, T, P, device=qkv.device), qkv,
+                  cache, pos=pos)[..., :start_pos + T]
   exps = Tensor.empty(B, H, T, P, device=qkv.device)   # another buffer: written in place, tinygrad copied it first
   exps[..., :start_pos + T].assign((scores - scores.max(-1, keepdim=True)).exp())
-  return custom(values_kernel, Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device), exps, cache, pos=pos)
+  out = Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device)
+  return custom(functools.partial(values_kernel, threads=threads), out, exps, cache, pos=pos)
 
 def chunked(qkv:Tensor, cache:Tensor, start_pos:int|UOp, length:int) -> Tensor:
   """formula()'s result (1, T, C) by the GPU design's three kernels, chunks of length positions; the block's keys and

@@ -7,7 +7,7 @@ graph of their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner in
 """
 from __future__ import annotations
 import contextlib, time
-from tinygrad import Device
+from tinygrad import Device, Context
 from tinygrad.engine.jit import GraphRunner
 from tinygrad.engine.realize import get_call_arg_uops, resolve_params
 from tinygrad.uop.ops import Ops
@@ -45,11 +45,12 @@ class Replay(GraphRunner):
     return time.perf_counter() - t0
 
 @contextlib.contextmanager
-def graph(device:str):
-  """Captures and replays on device use Replay meanwhile, unless tinygrad has a graph for it: only the engine's
-  steps."""
+def graph(device:str, runner=Replay):
+  """Captures and replays on device use runner (Replay or a subclass) meanwhile, unless tinygrad has a graph for it:
+  only the engine's steps, each captured as one batch (tinygrad batches a GPU's graph for its launches to overlap)."""
   plain = Device[device].graph is None
-  if plain: Device[device].graph = Replay
-  try: yield
+  if plain: Device[device].graph = runner
+  try:
+    with Context(JIT_BATCH_SIZE=0) if plain else contextlib.nullcontext(): yield
   finally:
     if plain: Device[device].graph = None

@@ -1,0 +1,205 @@
+"""One native call a step on tinygrad's CPU backend: a captured step's kernels run in order by a small C runner, each
+kernel's thread splits shared among the cores.
+
+replay.py's graph still calls each kernel from Python (a few microseconds each), and tinygrad's CPU backend runs a
+kernel's thread splits one after another on one core. Here the step's kernels become a table of commands (the kernel's
+address, its arguments, its thread splits), prepared at capture; a call writes what changes (the input buffers' and the
+variables' values) into the table and makes one call into the runner, which walks the table on every core: the
+thread splits of a kernel shared among them, a barrier where a kernel's threads change, a kernel without splits on the
+calling thread. The runner is compiled once per machine (tinygrad's disk cache); its kernels are the step's own, as
+tinygrad compiled them, so its outputs are its executor's to the bit. Whether it is faster than replay.py is measured
+per step (choose()).
+"""
+from __future__ import annotations
+import ctypes, functools, hashlib, os, pathlib, subprocess, sys, tempfile, time
+import numpy as np
+from tinygrad import Device
+from tinygrad.engine.realize import get_graph_runtime
+from tinygrad.helpers import CACHEDB, NUM_CPU_THREADS
+from tinygrad.uop.ops import Ops
+from models.engine import measure
+from models.engine.replay import Replay
+
+MAX_ARGS, HEADER = 63, 4   # tinygrad's CPU programs take at most 63 arguments; a command's words before them
+SPIN_US = 200   # how long the runner's threads wait for the next step or barrier before they sleep or yield
+
+def source(max_args:int=MAX_ARGS) -> str:
+  """The runner in C: run(table, commands) walks a table of commands, each [kernel, arguments n, thread splits, the
+  argument slot of the split's index (-1: none), arguments...], on threads() threads; a kernel's splits are shared
+  among them, a barrier follows a command where the threads that run the next one change."""
+  def case(n:int) -> str:
+    types, args = ", ".join(["u64"] * n) or "void", ", ".join(f"a[{i}]" for i in range(n))
+    return f"    case {n}: ((void(*)({types}))f)({args}); break;"
+  calls = "\n".join(map(case, range(max_args + 1)))
+  return f"""#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <sched.h>
+#include <unistd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+typedef uint64_t u64;
+static void call(u64 f, int n, const u64 *a) {{
+  switch (n) {{
+{calls}
+  }}
+}}
+static const u64 *table; static int count, threads = 1, started; static pid_t owner;
+static atomic_int generation, arrived, sense;
+static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER; static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static u64 now_us(void) {{
+  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000ull + t.tv_nsec / 1000;
+}}
+static void barrier(int *mine) {{
+  *mine = !*mine;
+  if (atomic_fetch_add(&arrived, 1) == threads - 1) {{   /* the last to arrive releases the others */
+    atomic_store(&arrived, 0); atomic_store(&sense, *mine); return;
+  }}
+  u64 start = now_us();
+  for (unsigned i = 1; atomic_load_explicit(&sense, memory_order_acquire) != *mine; i++)
+    if (!(i & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
+}}
+static void walk(const u64 *c, int commands, int tid, int *mine) {{
+  for (int i = 0; i < commands; i++) {{
+    int n = (int)c[1], splits = (int)c[2], slot = (int)(int64_t)c[3];
+    const u64 *a = c + {HEADER};
+    if (slot < 0) {{ if (tid == 0) call(c[0], n, a); }}
+    else {{
+      u64 args[{max_args + 1}];
+      memcpy(args, a, n * sizeof(u64));
+      for (int s = tid; s < splits; s += threads) {{ args[slot] = (u64)s; call(c[0], n, args); }}
+    }}
+    int here = slot < 0 ? 1 : (splits < threads ? splits : threads);
+    c += {HEADER} + n;
+    int next = i + 1 == commands ? threads : ((int64_t)c[3] < 0 ? 1 : ((int)c[2] < threads ? (int)c[2] : threads));
+    if (here > 1 || next > 1) barrier(mine);
+  }}
+}}
+static void *worker(void *arg) {{
+  int tid = (int)(intptr_t)arg, mine = 0, seen = 0;
+  for (;;) {{
+    u64 start = now_us();
+    for (unsigned i = 1; atomic_load(&generation) == seen; i++)
+      if (!(i & 255) && now_us() - start > {SPIN_US}) {{
+        pthread_mutex_lock(&mutex);
+        while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mutex);
+        pthread_mutex_unlock(&mutex);
+      }}
+    seen = atomic_load(&generation);
+    walk(table, count, tid, &mine);
+  }}
+  return 0;
+}}
+static int mine0;
+int start(int n) {{
+  if (started && owner == getpid()) return threads;
+  /* a first call, or in a forked child: the parent's threads are not here, and its mutex may have been held */
+  pthread_mutex_init(&mutex, 0); pthread_cond_init(&wake, 0);
+  threads = n < 1 ? 1 : n; started = 1; owner = getpid(); mine0 = 0;
+  atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&sense, 0);
+  for (int t = 1; t < threads; t++) {{
+    pthread_t thread;
+    if (pthread_create(&thread, 0, worker, (void *)(intptr_t)t)) {{ threads = t; break; }}
+    pthread_detach(thread);
+  }}
+  return threads;
+}}
+void run(const u64 *t, int n) {{
+  if (owner != getpid()) start(threads);
+  table = t; count = n;
+  if (threads > 1) {{
+    pthread_mutex_lock(&mutex);
+    atomic_fetch_add(&generation, 1);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&mutex);
+  }}
+  walk(t, n, 0, &mine0);
+}}
+"""
+
+_runner = None
+
+def runner():
+  """The runner's library, compiled once per machine into tinygrad's cache folder and loaded once per process, its
+  threads started (tinygrad's thread count: NUM_CPU_THREADS)."""
+  global _runner
+  if _runner is None:
+    code = source()
+    cc = os.environ.get("CC", "clang")
+    name = hashlib.sha256((code + cc + sys.platform).encode()).hexdigest()[:16]
+    lib = pathlib.Path(CACHEDB).parent / "spec-native" / f"runner-{name}.so"
+    if not lib.is_file():
+      lib.parent.mkdir(parents=True, exist_ok=True)
+      with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        out = pathlib.Path(tmp) / lib.name
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-pthread", "-x", "c", "-", "-o", str(out)], input=code.encode(),
+                       check=True, capture_output=True)
+        os.replace(out, lib)
+    _runner = ctypes.CDLL(str(lib))
+    _runner.run.argtypes, _runner.run.restype = [ctypes.c_void_p, ctypes.c_int], None
+    _runner.start.argtypes, _runner.start.restype = [ctypes.c_int], ctypes.c_int
+    _runner.start(NUM_CPU_THREADS.value)
+  return _runner
+
+@functools.cache
+def fits(device:str) -> bool:
+  """tinygrad's CPU backend with its C renderer (its programs are functions taking each argument as a 64-bit word),
+  off Windows (another calling convention), and the runner compiles and loads; where it does not, one line on stderr
+  says why and replay.py replays the steps."""
+  from tinygrad.runtime.ops_cpu import CPUProgram
+  from tinygrad.renderer.cstyle import ClangRenderer
+  dev = Device[device]
+  if sys.platform == "win32" or dev.runtime_t is not CPUProgram or not isinstance(dev.renderer, ClangRenderer):
+    return False
+  try: runner()
+  except Exception as e:
+    measure.say(f"native.py's step runner cannot run on {device} ({measure.why(e)}): replay.py replays the steps")
+    return False
+  return True
+
+class Native(Replay):
+  """replay.py's batch as one table of commands for the runner; `native` False replays it as replay.py does."""
+  native = True
+  def __init__(self, linear, input_uops=()):
+    super().__init__(linear, input_uops)
+    words, self.base = [], []
+    for runtime, bufs, (global_size, _), vals in self.launches:
+      self.base.append(len(words) + HEADER)
+      args = [b.va_addr for b in bufs] + [v or 0 for v in vals]   # the split's index: the runner's
+      words += [runtime.addr, len(args), global_size[0], runtime.runtimevars.get("core_id", -1) & (2**64 - 1), *args]
+    self.table = np.array(words, dtype=np.uint64)
+    self.lib, self.ptr = runner(), self.table.ctypes.data
+    # the variables' slots in the table (after a kernel's buffers), and which of self.vars each takes
+    self.var_slots = np.array([self.base[j] + len(self.launches[j][1]) + i
+                               for j, replace in self.var_vals_replace.items() for i, _ in replace], dtype=np.intp)
+    self.var_index = np.array([v for replace in self.var_vals_replace.values() for _, v in replace], dtype=np.intp)
+
+  def __call__(self, input_uops, var_vals, wait=False) -> float|None:
+    if not self.native or self.launch_dims_replace: return super().__call__(input_uops, var_vals, wait)
+    for j in self.with_inputs:
+      handles = self.buffers(self.linear.src[j], input_uops)
+      self.table[self.base[j]:self.base[j] + len(handles)] = [b.va_addr for b in handles]
+    if len(self.var_slots):
+      self.table[self.var_slots] = np.array([var_vals[v] for v in self.vars], dtype=np.uint64)[self.var_index]
+    t0 = time.perf_counter()
+    self.lib.run(self.ptr, len(self.launches))   # returns when every kernel has run
+    return time.perf_counter() - t0 if wait else None
+
+def graphs(captured) -> list[Native]:
+  """A captured step's batches that run as Native."""
+  calls = [c.src[0] for c in captured.linear.src if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph"]
+  return [g for g in map(get_graph_runtime, calls) if isinstance(g, Native)]
+
+def choose(captured, run, name:str) -> bool|None:
+  """Whether a step's batches run natively: the faster of the runner and replay.py, each timed on run() (a call of the
+  step, best of 2, twice in turn), once per machine and step (name: store.step_name()); None where none is Native."""
+  if not (batches := graphs(captured)): return None
+  disk = measure.machine_key("native", name, source(), NUM_CPU_THREADS.value)
+  if (way := measure.diskcache_get("spec_native", disk)) is None:
+    seconds = {False: [], True: []}
+    for way in (False, True, False, True):
+      for g in batches: g.native = way
+      seconds[way].append(measure.best_seconds(run, 2))
+    way = measure.diskcache_put("spec_native", disk, min(seconds[True]) < min(seconds[False]))
+  for g in batches: g.native = way
+  return way
