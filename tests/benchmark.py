@@ -35,6 +35,7 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinygrad.codegen import to_program_cache
 from tinygrad.nn.state import get_state_dict
 import models, spec
+from models.engine import native
 from spec import Sampling, best_seconds, autoregressive_generate, speculative_generate
 
 PROMPTS = ["The Python interpreter", "A dictionary is", "To install a package"]
@@ -86,6 +87,18 @@ def forward_time(model:models.GPT2, width:int, reps:int=5, before=None) -> float
     if before: before()
     times.append(best_seconds(run, 1))
   return min(times)
+
+def runner_times(model:models.GPT2, width:int=1, reps:int=5) -> dict|None:
+  """A pass's seconds by each way the engine can run its batches where native.py's runner fits the device ("native":
+  the runner, "replay": replay.py's graph), in turn, the chosen way kept after; None elsewhere (a GPU, --plain)."""
+  run, step = forward_pass(model, width), model.jit(models.GPT2.forward, width)
+  if not (batches := native.graphs(getattr(step, "fn", step).captured)): return None
+  chosen, times = batches[0].native, {True: [], False: []}
+  for way in (True, False, True, False):
+    for b in batches: b.native = way
+    times[way].append(best_seconds(run, reps))
+  for b in batches: b.native = chosen
+  return {"native": min(times[True]), "replay": min(times[False]), "chosen": "native" if chosen else "replay"}
 
 def sizes(model:models.GPT2) -> tuple[int, int]:
   """(weight bytes, KV-cache bytes) as allocated."""
@@ -164,7 +177,9 @@ def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(
             + f", overhead-aware {r['overhead_aware']:.2f}x, efficiency {r['efficiency']:.2f}"
             + f", loop efficiency {r['loop_efficiency']:.2f}"
             + (f", rounds by K {r['lookaheads']}" if K == "auto" or lookup else ""), file=sys.stderr, flush=True)
-  return dict(pair=name, t_target=t_target, t_draft=t_draft, t_draft_cold=t_draft_cold, t_verify=t_verify, rows=rows)
+  return dict(pair=name, t_target=t_target, t_draft=t_draft, t_draft_cold=t_draft_cold, t_verify=t_verify, rows=rows,
+              target_bytes=sizes(target)[0], draft_bytes=0 if lookup else sizes(draft)[0],
+              runners=dict(target=runner_times(target, 1, reps), draft=None if lookup else runner_times(draft, 1, reps)))
 
 def paired_rounds(target, draft, prompts, K:int, T:float, seeds:int) -> dict:
   """Tokens emitted by a first round under each verification rule, paired: the same prompt and seed give both rules
@@ -198,6 +213,30 @@ def table(result:dict) -> str:
                  f"{f(r['draft_step_over_cold_decode'], '.2f')} | "
                  f"{r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
+
+def small_models(report:dict) -> list[str]:
+  """Lines: each small model's decode against its bytes at the rate gpt2-xl's decode reads its own (the xl pair's target,
+  this run), the deep pair's ms a token (the target alone, speculative sampling with default flags at T 0), and each
+  decode by native.py's runner and by replay.py's graph where both ran."""
+  lines, by = [], {r["pair"]: r for r in report["results"]}
+  xl = next((r for name, r in by.items() if "gpt2-xl" in name), None)
+  deep = by.get("docs-deep / docs-draft")
+  if xl:
+    rate = xl["target_bytes"] / xl["t_target"]
+    small = [("gpt2", xl["t_draft"], xl["draft_bytes"])]
+    if deep: small += [("docs-deep", deep["t_target"], deep["target_bytes"]), ("docs-draft", deep["t_draft"], deep["draft_bytes"])]
+    lines.append(f"gpt2-xl's decode reads {rate / 1e9:.1f} GB/s ({xl['target_bytes'] / 1e9:.2f} GB in {xl['t_target'] * 1e3:.1f} ms); "
+                 "a small model's decode against its bytes at that rate: " +
+                 ", ".join(f"{n} {t * 1e3:.2f} ms = {t / (b / rate):.2f}x ({b / 1e6:.0f} MB)" for n, t, b in small))
+  if deep:
+    row = next((r for r in deep["rows"] if r["T"] == 0 and r["K"] == 2 and r["rule"] == "block"), None)
+    if row: lines.append(f"the deep pair at T 0: the target alone {row['ar_seconds'] / row['ar_tokens'] * 1e3:.2f} ms a token, "
+                         f"speculative sampling (K 2, block) {row['spec_seconds'] / row['spec_tokens'] * 1e3:.2f} ms a token")
+  for r in report["results"]:
+    for role, t in (r.get("runners") or {}).items():
+      if t: lines.append(f"{r['pair']}, the {role}'s decode: native.py's runner {t['native'] * 1e3:.2f} ms, replay.py's graph "
+                         f"{t['replay'] * 1e3:.2f} ms ({t['replay'] / t['native']:.2f}x; the step runs {t['chosen']})")
+  return lines
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -286,6 +325,7 @@ def main():
   for r in report.get("paired", []):
     print(f"paired first rounds, docs-deep / docs-draft, T {r['T']:g}, K {r['K']} ({r['rounds']} rounds: {len(PAIRED_PROMPTS)} prompts x seeds): "
           f"tokens per round block {r['block']:.3f}, token {r['token']:.3f}, block - token {r['gain']:+.3f} +- {r['stderr']:.3f} (1 s.e.)")
+  for line in small_models(report): print(line)
   for result in report["results"]: print("\n" + table(result))
   if args.json: pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 
