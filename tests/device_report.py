@@ -155,10 +155,7 @@ def device_stage(st:Stage) -> None:
               processor=platform.processor() or platform.machine(), cores=os.cpu_count(), dtypes=dtype_names(),
               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=git("rev-parse", "--short", "HEAD"),
               modified=bool(git("status", "--porcelain", "--untracked-files=no")))
-  if shutil.which("nvidia-smi"):
-    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                       capture_output=True, text=True)
-    info["gpu"] = q.stdout.strip() or q.stderr.strip()
+  if gpu := nvidia_smi("name,driver_version,memory.total"): info["gpu"] = gpu
   st.save(info=info)
   n = (16 if st.tiny else 1024) << 20
   a, b = Tensor.ones(n // 4).contiguous().realize(), Tensor.zeros(n // 4).contiguous().realize()
@@ -274,6 +271,12 @@ def recording(fastest, log:list):
 
 # ***** (d) the passes *****
 
+def nvidia_smi(query:str) -> str:
+  """nvidia-smi's answer to --query-gpu=query (what it says where it fails); empty without nvidia-smi."""
+  if not shutil.which("nvidia-smi"): return ""
+  q = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True)
+  return q.stdout.strip() or q.stderr.strip()
+
 def passes_stage(st:Stage) -> None:
   import gc
   import benchmark, gpu_profile
@@ -281,6 +284,7 @@ def passes_stage(st:Stage) -> None:
   from models import engine, GPT2
   os.environ["SPEC_STEP_CACHE"] = ""   # each pass captured here: a stored one would bring other tables' kernels
   rows, tables = [], []
+  st.save(profile_gpu=gpu_profile.use(nvidia_smi("name")))   # the profile's constants for this GPU (H100's elsewhere)
   for name, widths in (("gpt2-xl", TINY_WIDTHS if st.tiny else PASS_WIDTHS), ("gpt2", (1,))):
     for dtype in [auto_dtype()] if st.tiny else dtype_names():   # --tiny: the other stages' dtype, their choices cached
       for plain in (False, True):
@@ -487,7 +491,8 @@ def md_passes(d) -> str:
   floor = lambda r: fmt(r["ms"] / 1e3 / (r["weight_bytes"] / FLOOR[0])) if FLOOR[0] else "-"
   rows = [[r["model"], r["dtype"], r["layer"], r["T"], f"{r['ms']:.3f}", floor(r), r["kernels"],
            f"{r['predicted_ms']:.3f}", f"{r['ms'] / r['predicted_ms']:.2f}"] for r in d.get("rows", [])]
-  out = ["## Passes", table(["model", "dtype", "layer", "T", "ms", "x the floor", "kernels", "profile ms",
+  out = ["## Passes", table(["model", "dtype", "layer", "T", "ms", "x the floor", "kernels",
+                             f"profile ms ({d.get('profile_gpu', 'H100')}'s)",
                              "measured / profile"], rows)]
   if d.get("emptied"):
     out.append("The engine with one measured table emptied (its kernels tinygrad's):\n\n" +

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""gpt2-xl's and gpt2's step passes profiled for an H100 without a GPU: their kernels, what each must read, and a time.
+"""gpt2-xl's and gpt2's step passes profiled for an H100 or H200 without a GPU: their kernels, their bytes, a time.
 
   python tests/gpu_profile.py                          # CI: both models, float16 and float32, engine and --plain
   python tests/gpu_profile.py --models gpt2 --widths 1 --kernels   # every kernel of gpt2's decode
   python tests/gpu_profile.py --json profile.json
+  python tests/gpu_profile.py --gpu H200 --widths 1 3   # an H200's copy rate and multiprocessors (GPUS, below)
 
 A step pass is what a round runs on the target: its forward over T tokens and the greedy verification, one JIT call
 (spec.Verifier; T 1 is a decode). Each is captured on tinygrad's NULL device for CUDA sm_90 (kernels lowered, rendered
 and compiled by NVRTC; nothing runs), dummy weights, the KV cache at CONTEXT positions. Per kernel: the bytes it must
 move (tinygrad's estimate, each byte once), its threads and work-groups, the bytes of its widest load from a weight and
-its loads in flight, and a predicted time from this model of an H100 (constants below):
+its loads in flight, and a predicted time from this model of a Hopper GPU (constants below, GPUS per GPU):
 
   time = LAUNCH + max(traffic / min(SUSTAINED, in_flight / LATENCY), operations a thread x OPERATION x waves)
   traffic = the bytes of the weight matrices every thread's loads read (a matrix read once per row counts each time),
@@ -42,16 +43,27 @@ import models, spec                             # noqa: E402
 from models import engine                       # noqa: E402
 from models.engine import attention, linear, measure, norm   # noqa: E402
 
-BANDWIDTH = 3.0e12    # bytes/s: a device copy measured on an H100 (docs/backends.md); the floor's price
+# per GPU: a device copy's rate (bytes/s, the floor's price) and its multiprocessors. The H100's copy was measured
+# (docs/backends.md); the H200's is predicted: its HBM3e's 4.8 TB/s at the share of the H100's 3.35 its copy reached
+GPUS = {"H100": (3.0e12, 132), "H200": (4.3e12, 132)}
+BANDWIDTH, SMS = GPUS["H100"]
 LAUNCH = 2.0e-6       # s a kernel in a CUDA graph on an H100, within what docs/backends.md measured
 SUSTAINED = 1.0e12    # bytes/s at most, from every load in flight (fitted, as the three below)
 LATENCY = 0.1e-6      # s a load is in flight
 UNROLLED = 2          # iterations of a loop whose loads a thread has in flight at once: the compiler's unrolling
 OPERATION = 3e-9      # s an operation of a thread takes, one after another
-SMS, THREADS_PER_SM, BLOCKS_PER_SM = 132, 2048, 32   # an H100's multiprocessors and what each holds at once
+THREADS_PER_SM, BLOCKS_PER_SM = 2048, 32   # what a Hopper multiprocessor holds at once
 MATRIX = 1 << 20      # bytes: a weight this large is a matrix, read from memory as often as its loads run
 CONTEXT = 256         # cached positions: the start position bound in every pass
 WIDE = 16             # bytes: a load this wide or wider is a wide load
+
+def use(gpu:str) -> str:
+  """The constants of the GPU named in gpu (as nvidia-smi names it: 'NVIDIA H200', or 'H200'); the H100's where none
+  is named. Returns the one used."""
+  global BANDWIDTH, SMS
+  name = next((k for k in GPUS if k in gpu.upper()), "H100")
+  BANDWIDTH, SMS = GPUS[name]
+  return name
 
 def kernel_calls(linear):
   """The CALLs of a captured pass in order, batched graphs opened."""
@@ -167,11 +179,14 @@ def main() -> int:
   ap.add_argument("--dtypes", nargs="+", default=["float16", "float32"], choices=["float16", "float32"],
                   help="weights' precision (default: both)")
   ap.add_argument("--plain", choices=["both", "yes", "no"], default="both", help="--plain, the engine, or both")
+  ap.add_argument("--gpu", choices=list(GPUS), default="H100", help="the GPU whose copy rate and multiprocessors "
+                  "the model uses (default: H100)")
   ap.add_argument("--kernels", action="store_true", help="print every kernel of every pass")
   ap.add_argument("--json", metavar="FILE", help="write the figures per model, dtype, engine or plain, and width")
   ap.add_argument("--fit", metavar="REPORT_JSON", help="fit the model's constants to the kernels a GPU timed "
                   "(tests/device_report.py's report.json) and exit")
   args = ap.parse_args()
+  use(args.gpu)
   if args.fit:
     kernels = json.loads(pathlib.Path(args.fit).read_text())["stages"]["passes"]["decode_kernels"]
     worst, constants = fit(kernels)

@@ -115,3 +115,14 @@ def naming(folder:pathlib.Path) -> list[str]:
     with contextlib.suppress(OSError):
       if str(folder) in (p / "cmdline").read_bytes().decode(errors="replace"): alive.append(p.name)
   return alive
+
+def test_the_profile_predicts_with_the_constants_of_the_gpu_it_is_on():
+  """tests/gpu_profile.py's model takes the copy rate and multiprocessors of the GPU nvidia-smi names (an H200's are
+  not an H100's); where it names none of its GPUs (no nvidia-smi, another GPU), the H100's, which the report says."""
+  import gpu_profile
+  try:
+    assert gpu_profile.use("NVIDIA H200, 565.57.01, 143771 MiB") == "H200"
+    assert (gpu_profile.BANDWIDTH, gpu_profile.SMS) == gpu_profile.GPUS["H200"] != gpu_profile.GPUS["H100"]
+    assert gpu_profile.use("NVIDIA H100 80GB HBM3") == "H100" and gpu_profile.use("") == "H100"
+    assert (gpu_profile.BANDWIDTH, gpu_profile.SMS) == gpu_profile.GPUS["H100"]
+  finally: gpu_profile.use("H100")
