@@ -1,6 +1,6 @@
 """The engine (models/engine/): each kernel against the formula it replaces, measured choices, the replay graph, the
 stored steps, the fallback where a kernel cannot run, and the engine against the port alone (plain)."""
-import json, os, pathlib, subprocess, sys, types
+import json, os, pathlib, signal, subprocess, sys, threading, time, types
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
@@ -78,8 +78,8 @@ def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk
   monkeypatch.setattr(native, "graphs", lambda captured: batches)
   timed = []
   def costs(replay_s, native_s):
-    monkeypatch.setattr(measure, "best_seconds",
-                        lambda run, reps=3: timed.append(batches[0].native) or (native_s if batches[0].native else replay_s))
+    seconds = lambda run, reps=3: timed.append(batches[0].native) or (native_s if batches[0].native else replay_s)
+    monkeypatch.setattr(measure, "best_seconds", seconds)
   costs(2e-3, 1e-3)
   assert native.choose(None, None, "step a") is True and all(b.native is True for b in batches) and timed
   timed.clear(); costs(1e-3, 2e-3)
@@ -88,6 +88,24 @@ def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk
   assert set(timed) == {True, False}
   monkeypatch.setattr(native, "graphs", lambda captured: [])
   assert native.choose(None, None, "step c") is None
+
+def test_the_runners_threads_leave_every_signal_to_python():
+  """native.py's runner threads block every signal, so that a Ctrl-C reaches Python's main thread: Python handles a
+  signal only there, and one a runner thread caught waited unseen until the run ended (a run that ignored Ctrl-C and
+  exited 0, CI at 2f531ed). Linux shows each thread's blocked signals and name in /proc."""
+  if not (native.fits(Device.DEFAULT) and pathlib.Path("/proc/self/task").is_dir()):
+    pytest.skip("the runner runs only on tinygrad's CPU backend; threads' signal masks are read from Linux's /proc")
+  native.runner()
+  named = lambda: [t for t in pathlib.Path("/proc/self/task").iterdir()
+                   if (t / "comm").read_text().strip() == "spec-native"]
+  for _ in range(100):   # a thread names itself as it starts
+    if len(tasks := named()) == NUM_CPU_THREADS.value - 1: break
+    time.sleep(0.05)
+  blocked = lambda task: int(next(l for l in (task / "status").read_text().splitlines() if l.startswith("SigBlk:"))
+                             .split()[1], 16)
+  assert len(tasks) == NUM_CPU_THREADS.value - 1
+  assert all(blocked(t) >> (signal.SIGINT - 1) & 1 and blocked(t) >> (signal.SIGTERM - 1) & 1 for t in tasks)
+  assert not blocked(pathlib.Path(f"/proc/self/task/{threading.get_native_id()}")) >> (signal.SIGINT - 1) & 1
 
 def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_dir, monkeypatch, capfd):
   """Where native.py's runner does not compile or load (no C compiler, say), one line on stderr says so and why, the

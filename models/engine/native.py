@@ -37,7 +37,11 @@ def source(max_args:int=MAX_ARGS) -> str:
 #include <sched.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 typedef uint64_t u64;
 static void call(u64 f, int n, const u64 *a) {{
   switch (n) {{
@@ -77,6 +81,9 @@ static void walk(const u64 *c, int commands, int tid, int *mine) {{
 }}
 static void *worker(void *arg) {{
   int tid = (int)(intptr_t)arg, mine = 0, seen = 0;
+#ifdef __linux__
+  prctl(PR_SET_NAME, "spec-native");   /* the name ps, top and the tests see */
+#endif
   for (;;) {{
     u64 start = now_us();
     for (unsigned i = 1; atomic_load(&generation) == seen; i++)
@@ -97,11 +104,16 @@ int start(int n) {{
   pthread_mutex_init(&mutex, 0); pthread_cond_init(&wake, 0);
   threads = n < 1 ? 1 : n; started = 1; owner = getpid(); mine0 = 0;
   atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&sense, 0);
+  /* the threads block every signal (they inherit the mask): Python handles a signal only on its main thread, and one
+     caught on another thread waits there unseen (a Ctrl-C ignored until the run ends) */
+  sigset_t all, old;
+  sigfillset(&all); pthread_sigmask(SIG_BLOCK, &all, &old);
   for (int t = 1; t < threads; t++) {{
     pthread_t thread;
     if (pthread_create(&thread, 0, worker, (void *)(intptr_t)t)) {{ threads = t; break; }}
     pthread_detach(thread);
   }}
+  pthread_sigmask(SIG_SETMASK, &old, 0);
   return threads;
 }}
 void run(const u64 *t, int n) {{
