@@ -82,7 +82,10 @@ def test_a_reader_that_goes_away_ends_the_run_without_a_traceback():
   assert proc.wait(timeout=300) == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err
 
 def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
-  proc = streaming(400)
+  # a run that ended before the signal (a busy machine: CI's test processes beside it) proves nothing: run again
+  for _ in range(3):
+    if (proc := streaming(500)).poll() is None: break
+  assert proc.poll() is None, "every run ended before the test could interrupt it"
   proc.send_signal(signal.SIGINT)
   err = proc.stderr.read().decode()
   assert proc.wait(timeout=300) == 130 and "Traceback" not in err, err

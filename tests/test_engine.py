@@ -159,6 +159,15 @@ def test_fastest_measures_once_per_machine(disk, capfd):
   assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and len(timed) == 3
   assert capfd.readouterr().err == "" and list(disk.values()) == [("a",)]
 
+def test_a_choice_another_process_stored_first_stands(monkeypatch, disk):
+  """Processes measuring one choice at once (pytest-xdist's workers, a run and its child) keep the answer stored first,
+  where tinygrad's disk cache keeps the last written: their kernels agree, and so do their steps' names."""
+  monkeypatch.setattr(measure, "diskcache_put", lambda kind, key, val: disk.__setitem__((kind, key), val) or val)
+  def another_process_stores_b(): disk[("spec_test", measure.machine_key("k"))] = ("b",); return 2.0, outputs(1.0)
+  candidates = {None: another_process_stores_b, "a": lambda: (1.0, outputs(1.0)), "b": lambda: (1.5, outputs(1.0))}
+  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "b"
+  assert disk == {("spec_test", measure.machine_key("k")): ("b",)}
+
 def test_a_fast_candidate_with_other_values_never_wins(disk, capfd):
   """A candidate whose outputs differ from tinygrad's by more than the dtype's tolerance (or are not finite where
   tinygrad's are) drops out however fast, with one line naming it and the error; nothing is cached, so the next
