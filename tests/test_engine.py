@@ -90,9 +90,9 @@ def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk
   assert native.choose(None, None, "step c") is None
 
 def test_the_runners_threads_leave_every_signal_to_python():
-  """native.py's runner threads block every signal, so that a Ctrl-C reaches Python's main thread: Python handles a
-  signal only there, and one a runner thread caught waited unseen until the run ended (a run that ignored Ctrl-C and
-  exited 0, CI at 2f531ed). Linux shows each thread's blocked signals and name in /proc."""
+  """native.py's runner threads block every signal, so that the kernel hands a Ctrl-C to Python's own thread: Python
+  handles a signal only on its main thread, and one a runner thread caught would wait for that thread to notice it.
+  Linux shows each thread's blocked signals and name in /proc."""
   if not (native.fits(Device.DEFAULT) and pathlib.Path("/proc/self/task").is_dir()):
     pytest.skip("the runner runs only on tinygrad's CPU backend; threads' signal masks are read from Linux's /proc")
   native.runner()

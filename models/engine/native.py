@@ -105,7 +105,7 @@ int start(int n) {{
   threads = n < 1 ? 1 : n; started = 1; owner = getpid(); mine0 = 0;
   atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&sense, 0);
   /* the threads block every signal (they inherit the mask): Python handles a signal only on its main thread, and one
-     caught on another thread waits there unseen (a Ctrl-C ignored until the run ends) */
+     caught on another thread waits until that thread notices it */
   sigset_t all, old;
   sigfillset(&all); pthread_sigmask(SIG_BLOCK, &all, &old);
   for (int t = 1; t < threads; t++) {{
