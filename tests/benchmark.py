@@ -179,7 +179,8 @@ def bench_pair(name:str, target, draft, prompts, n:int, reps:int, temperatures=(
             + (f", rounds by K {r['lookaheads']}" if K == "auto" or lookup else ""), file=sys.stderr, flush=True)
   return dict(pair=name, t_target=t_target, t_draft=t_draft, t_draft_cold=t_draft_cold, t_verify=t_verify, rows=rows,
               target_bytes=sizes(target)[0], draft_bytes=0 if lookup else sizes(draft)[0],
-              runners=dict(target=runner_times(target, 1, reps), draft=None if lookup else runner_times(draft, 1, reps)))
+              runners=dict(target=runner_times(target, 1, reps),
+                           draft=None if lookup else runner_times(draft, 1, reps)))
 
 def paired_rounds(target, draft, prompts, K:int, T:float, seeds:int) -> dict:
   """Tokens emitted by a first round under each verification rule, paired: the same prompt and seed give both rules
@@ -215,27 +216,30 @@ def table(result:dict) -> str:
   return "\n".join(lines)
 
 def small_models(report:dict) -> list[str]:
-  """Lines: each small model's decode against its bytes at the rate gpt2-xl's decode reads its own (the xl pair's target,
-  this run), the deep pair's ms a token (the target alone, speculative sampling with default flags at T 0), and each
-  decode by native.py's runner and by replay.py's graph where both ran."""
+  """Lines: each small model's decode against its bytes at the rate gpt2-xl's decode reads its own (the xl pair's
+  target, this run), the deep pair's ms a token (the target alone, speculative sampling with default flags at T 0),
+  and each decode by native.py's runner and by replay.py's graph where both ran."""
   lines, by = [], {r["pair"]: r for r in report["results"]}
   xl = next((r for name, r in by.items() if "gpt2-xl" in name), None)
   deep = by.get("docs-deep / docs-draft")
   if xl:
     rate = xl["target_bytes"] / xl["t_target"]
     small = [("gpt2", xl["t_draft"], xl["draft_bytes"])]
-    if deep: small += [("docs-deep", deep["t_target"], deep["target_bytes"]), ("docs-draft", deep["t_draft"], deep["draft_bytes"])]
-    lines.append(f"gpt2-xl's decode reads {rate / 1e9:.1f} GB/s ({xl['target_bytes'] / 1e9:.2f} GB in {xl['t_target'] * 1e3:.1f} ms); "
-                 "a small model's decode against its bytes at that rate: " +
+    if deep: small += [("docs-deep", deep["t_target"], deep["target_bytes"]),
+                       ("docs-draft", deep["t_draft"], deep["draft_bytes"])]
+    lines.append(f"gpt2-xl's decode reads {rate / 1e9:.1f} GB/s ({xl['target_bytes'] / 1e9:.2f} GB in "
+                 f"{xl['t_target'] * 1e3:.1f} ms); a small model's decode against its bytes at that rate: " +
                  ", ".join(f"{n} {t * 1e3:.2f} ms = {t / (b / rate):.2f}x ({b / 1e6:.0f} MB)" for n, t, b in small))
   if deep:
     row = next((r for r in deep["rows"] if r["T"] == 0 and r["K"] == 2 and r["rule"] == "block"), None)
-    if row: lines.append(f"the deep pair at T 0: the target alone {row['ar_seconds'] / row['ar_tokens'] * 1e3:.2f} ms a token, "
-                         f"speculative sampling (K 2, block) {row['spec_seconds'] / row['spec_tokens'] * 1e3:.2f} ms a token")
+    if row: lines.append(f"the deep pair at T 0: the target alone {row['ar_seconds'] / row['ar_tokens'] * 1e3:.2f} ms "
+                         f"a token, speculative sampling (K 2, block) "
+                         f"{row['spec_seconds'] / row['spec_tokens'] * 1e3:.2f} ms a token")
   for r in report["results"]:
     for role, t in (r.get("runners") or {}).items():
-      if t: lines.append(f"{r['pair']}, the {role}'s decode: native.py's runner {t['native'] * 1e3:.2f} ms, replay.py's graph "
-                         f"{t['replay'] * 1e3:.2f} ms ({t['replay'] / t['native']:.2f}x; the step runs {t['chosen']})")
+      if not t: continue
+      lines.append(f"{r['pair']}, the {role}'s decode: native.py's runner {t['native'] * 1e3:.2f} ms, replay.py's "
+                   f"graph {t['replay'] * 1e3:.2f} ms ({t['replay'] / t['native']:.2f}x; the step runs {t['chosen']})")
   return lines
 
 def main():

@@ -416,7 +416,7 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
 @pytest.mark.backend
 @pytest.mark.quick
 def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_dir, tmp_path, monkeypatch):
-  """A captured step is stored (engine.Step, store.step_file) and a later instance of the same shape loads it instead of capturing:
+  """A captured step is stored (engine.Step, store.step_path) and a later instance of the same shape loads it instead of capturing:
   it runs on that instance's own weights and KV cache (stored by name), exactly as a step it captured itself would. An
   unreadable file is captured again and rewritten; SPEC_STEP_CACHE="" stores nothing."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path / "steps"))

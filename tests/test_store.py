@@ -130,7 +130,7 @@ from tinygrad import Device, dtypes
 import models, spec
 from models.engine import store
 model = models.GPT2(models.GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=8), dtypes.float32)
-where = lambda: str(store.step_file(model, spec.target_verify, ("target_verify", 3), 0))
+where = lambda: str(store.step_path(store.step_name(model, spec.target_verify, ("target_verify", 3), 0)))
 if sys.argv[1:] == ["child"]: print(where())
 else:
   Device.DEFAULT   # the device picked: tinygrad writes it into the environment for children, DEV's value stays unset

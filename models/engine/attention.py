@@ -18,7 +18,7 @@ from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.gpt2 import Attention
-from models.engine.lanes import rows, splits
+from models.engine.lanes import rows, splits, thread
 from models.engine.measure import captured, fastest, random, work_groups
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
@@ -34,8 +34,6 @@ def formula(attn:Attention, qkv:Tensor, start_pos:int|UOp) -> Tensor:
   """What the kernels replace: the block's keys and values into the cache, then softmax(q k^T / sqrt(D) + mask) v."""
   attn.store(qkv, start_pos)
   return Attention.attend(attn, qkv, start_pos)
-
-def thread(threads:int) -> tuple[Opt, ...]: return (Opt(OptOps.THREAD, 0, threads),) if threads > 1 else ()
 
 def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   """out[0, h, t, s] = q[t, h] . k[h, s] / sqrt(D) for s <= pos + t, -inf for the block's later positions (causal),

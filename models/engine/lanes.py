@@ -29,8 +29,7 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1) -> UOp:
   g = UOp.range(G, 4, AxisType.REDUCE)
   t, k = tc * chunk + ti, g * LANES + lane
   acc = (x[t, k].cast(dtypes.float32) * w[n, k].cast(dtypes.float32)).reduce(g, arg=Ops.ADD)
-  opts = (Opt(OptOps.UPCAST, 0, OUTPUTS), Opt(OptOps.UNROLL, 0, GROUPS)) + \
-         ((Opt(OptOps.THREAD, 0, threads),) if threads > 1 else ())
+  opts = (Opt(OptOps.UPCAST, 0, OUTPUTS), Opt(OptOps.UNROLL, 0, GROUPS)) + thread(threads)
   info = KernelInfo(name=f"lanes_{T}_{N}_{x.shape[1]}", opts_to_apply=opts)
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
@@ -40,6 +39,7 @@ def splits(n:int, device:str) -> int:
   where the device's renderer has threads (tinygrad's CPU backend), else 1."""
   if not Device[device].renderer.has_threads: return 1
   return max(d for d in range(1, NUM_CPU_THREADS.value + 1) if n % d == 0)
+def thread(threads:int) -> tuple[Opt, ...]: return (Opt(OptOps.THREAD, 0, threads),) if threads > 1 else ()
 def fits(N:int, C:int) -> bool: return N % OUTPUTS == 0 and C % (GROUPS * LANES) == 0
 
 def linear(x:Tensor, w:Tensor, dtype=None) -> Tensor:

@@ -2,7 +2,7 @@
 
 A file holds a pickled TinyJit: kernels and the layout of intermediate buffers, with the model's weights and KV cache
 written as their names, so a loaded step runs on the loading model's own. The name hashes everything the kernels depend
-on (step_file()). docs/engine.md says where the files go and how to clear them.
+on (step_name()). docs/engine.md says where the files go and how to clear them.
 """
 from __future__ import annotations
 import dataclasses, hashlib, importlib.metadata, inspect, os, pathlib, pickle
@@ -52,12 +52,9 @@ def _renumbered(op, dtype=None, src=(), arg=None, tag=None, metadata=None, *buff
   if op is Ops.BUFFER and arg.device is not None: arg = dataclasses.replace(arg, slot=next(UOp.unique_num))
   return UOp(op, dtype, src, arg, tag, metadata, *buffer)
 
-def step_file(model, fn, key:tuple, search:int, choices:tuple=()) -> pathlib.Path|None:
-  """Where a captured step is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside tinygrad's disk cache, and
-  nowhere with CACHELEVEL=0; named by step_name()."""
-  return step_path(step_name(model, fn, key, search, choices))
-
 def step_path(name:str) -> pathlib.Path|None:
+  """Where the step of this name (step_name()) is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside
+  tinygrad's disk cache, and nowhere with CACHELEVEL=0."""
   root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
   return None if not root or CACHELEVEL.value == 0 else pathlib.Path(root) / f"{name}.pkl"
 
