@@ -22,6 +22,9 @@ if "PYTEST_XDIST_WORKER" not in os.environ:
 # buffer (CHECK_OOB=1, with the z3 solver): an out-of-bounds access fails its test as it compiles, not only when it
 # happens to touch an unmapped page (tests/kernel_bounds.py, README Tests)
 os.environ.setdefault("CHECK_OOB", "1")
+# pytest-xdist's workers fill the cores already: tinygrad's compile pool (PARALLEL: one spawned process a worker there)
+# would add its pickling and nothing in parallel (docs/tests.md)
+os.environ.setdefault("PARALLEL", "0")
 import models  # noqa: E402
 # an interpreter's timings choose arbitrarily (the GPU suite's emulated device): the engine's kernels wherever they fit,
 # nothing measured (a choice there ran each candidate in every form a block runs: most of the suite's time), and where

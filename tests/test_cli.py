@@ -157,11 +157,11 @@ def test_prompt_outside_the_vocabulary(tmp_path, capsys):
 
 @pytest.mark.backend
 def test_dummy_weights_say_so(tmp_path, capsys):
-  # a config.json is all --dummy-weights reads: one small layer over GPT-2's vocabulary
-  write_checkpoint(tmp_path / "small", dict(TINY, n_layer=1, vocab_size=50257), {})
+  # a config.json is all --dummy-weights reads: one small layer over GPT-2's first 64 tokens ("A" is token 32)
+  write_checkpoint(tmp_path / "small", dict(TINY, n_layer=1), {})
   ckpt = str(tmp_path / "small")
   code, out, err = run(["--target", ckpt, "--draft", ckpt, "--dtype", conftest.DTYPE, "--search", "0", "--dummy-weights", "--prompt",
-                        "x", "-n", "4", "--json"], capsys)
+                        "A", "-n", "4", "--json"], capsys)
   obj = json.loads(out)
   assert code == 0 and obj["dummy_weights"] is True and len(obj["tokens"]) == 4 and "random weights" in err
 
