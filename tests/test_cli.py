@@ -68,9 +68,12 @@ def test_trace_lines(tmp_path, capsys):
     assert 0 < e["q"] <= 1 and (e["p"] is None) == (e["source"] == "bonus")
 
 def streaming(n:int) -> subprocess.Popen:
-  """spec.py generating n tokens of the shared pair as text into a pipe, once its first bytes have arrived."""
+  """spec.py generating n tokens of the shared pair as text into a pipe, once its first bytes have arrived, with Ctrl-C's
+  signal as a terminal's foreground run has it: a suite started in the background by a script inherits it ignored, and
+  Python then never raises KeyboardInterrupt."""
   proc = subprocess.Popen([sys.executable, "spec.py", *pair(), "--prompt", "The Python interpreter", "-n", str(n), "--ignore-eos"],
-                          cwd=ROOT, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                          cwd=ROOT, env={**os.environ, "NO_COLOR": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   assert proc.stdout.read(30).startswith(b"-" * 20)
   return proc
 
