@@ -135,7 +135,7 @@ def predicted_seconds(linear, weights:set, var_vals:dict) -> float:
 def model_clock(weights:set):
   """The engine's measured choices made by this model: a captured function's predicted seconds (its outputs NULL's
   zeros), nothing cached."""
-  saved = measure.captured, measure.diskcache_get, measure.diskcache_put
+  saved = measure.captured, measure.diskcache_get, measure.first_stored
   def captured(fn, *args):
     step = TinyJit(fn)
     with Context(BEAM=0):
@@ -145,12 +145,12 @@ def model_clock(weights:set):
       [t.numpy() for t in outputs]
   # over one layer: the model predicts the same for every layer of a shape, and capturing 48 took minutes
   one_layer = lambda model, widths: choose(types.SimpleNamespace(**{**vars(model), "h": model.h[:1]}), widths)
-  measure.diskcache_get, measure.diskcache_put = lambda *a: None, lambda t, k, v: v
+  measure.diskcache_get, measure.first_stored = lambda *a: None, lambda t, k, v: v
   choose, engine.choose_kernels = engine.choose_kernels, one_layer
   for module in (attention, linear, norm): module.captured = captured
   try: yield
   finally:
-    measure.captured, measure.diskcache_get, measure.diskcache_put = saved
+    measure.captured, measure.diskcache_get, measure.first_stored = saved
     engine.choose_kernels = choose
     for module in (attention, linear, norm): module.captured = saved[0]
 

@@ -11,7 +11,7 @@ from tinygrad.helpers import NUM_CPU_THREADS
 import models, spec
 from models import GPT2, GPT2Config, engine
 from models.engine import attention, lanes, linear, matvec, measure, native, norm, replay, store
-from conftest import TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
+from conftest import ROOT, TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
   return model.forward(Tensor([tokens], dtype=dtypes.int32), start_pos).numpy()
@@ -26,7 +26,7 @@ def disk(monkeypatch):
   """tinygrad's disk cache of measured choices, empty and this test's own."""
   table = {}
   monkeypatch.setattr(measure, "diskcache_get", lambda kind, key: table.get((kind, key)))
-  monkeypatch.setattr(measure, "diskcache_put", lambda kind, key, val: table.setdefault((kind, key), val))
+  monkeypatch.setattr(measure, "first_stored", lambda kind, key, val: table.setdefault((kind, key), val))
   return table
 
 def layer(H:int, P:int, D:int, cache:Tensor|None=None) -> models.gpt2.Attention:
@@ -159,14 +159,29 @@ def test_fastest_measures_once_per_machine(disk, capfd):
   assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and len(timed) == 3
   assert capfd.readouterr().err == "" and list(disk.values()) == [("a",)]
 
-def test_a_choice_another_process_stored_first_stands(monkeypatch, disk):
+RACE = """
+import os, sys, time
+from models.engine import measure
+read = measure.diskcache_get
+def slow_read(kind, key): value = read(kind, key); time.sleep(0.5); return value   # a put between read and write
+measure.diskcache_get = slow_read
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
+print(measure.first_stored("spec_test", "k", (os.getpid(),))[0])
+"""
+
+def test_a_choice_another_process_stored_first_stands(tmp_path):
   """Processes measuring one choice at once (pytest-xdist's workers, a run and its child) keep the answer stored first,
-  where tinygrad's disk cache keeps the last written: their kernels agree, and so do their steps' names."""
-  monkeypatch.setattr(measure, "diskcache_put", lambda kind, key, val: disk.__setitem__((kind, key), val) or val)
-  def another_process_stores_b(): disk[("spec_test", measure.machine_key("k"))] = ("b",); return 2.0, outputs(1.0)
-  candidates = {None: another_process_stores_b, "a": lambda: (1.0, outputs(1.0)), "b": lambda: (1.5, outputs(1.0))}
-  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "b"
-  assert disk == {("spec_test", measure.machine_key("k")): ("b",)}
+  where tinygrad's disk cache keeps the last written: their kernels agree, and so do their steps' names. Three processes
+  store at once, each reading slowly (half a second between its read and its write): all keep one answer, the one
+  stored."""
+  env = {**os.environ, "CACHEDB": str(tmp_path / "cache.db")}
+  start = str(time.time() + 10)   # past every process's imports
+  runs = [subprocess.Popen([sys.executable, "-c", RACE, start], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+          for _ in range(3)]
+  kept = {int(run.communicate(timeout=120)[0]) for run in runs}
+  read = "from tinygrad.helpers import diskcache_get; print(diskcache_get('spec_test', 'k')[0])"
+  stored = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True).stdout
+  assert kept == {int(stored)} and kept <= {run.pid for run in runs}, (kept, stored)
 
 def test_a_fast_candidate_with_other_values_never_wins(disk, capfd):
   """A candidate whose outputs differ from tinygrad's by more than the dtype's tolerance (or are not finite where

@@ -16,6 +16,8 @@ RUN = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import models, spec
+from models import engine
+chosen = lambda: {repr(k): repr(v) for table in engine.TABLES for k, v in table.use.items()}
 target, draft = (models.load(path, sys.argv[2]) for path in sys.argv[3:5])
 out = []
 for K in json.loads(sys.argv[5]):
@@ -23,6 +25,7 @@ for K in json.loads(sys.argv[5]):
     tokens, stats = spec.speculative_generate(target, draft, [5, 6, 7], K, 16, sampling, seed=1, eos=None)
     out.append([tokens, stats.accepted])
 print(json.dumps(out))
+print(json.dumps(chosen()), file=sys.stderr)   # the choices its steps are named by
 """
 
 def generations(target, draft, Ks) -> list:
@@ -122,7 +125,10 @@ def test_a_draft_equal_to_its_target_accepts_everything_from_stored_steps(tiny_d
   for sampling in (spec.Sampling(0.0), spec.Sampling(1.0)):
     _, stats = spec.speculative_generate(twin, draft, [5, 6, 7], 4, 30, sampling, seed=1, eos=None)
     assert stats.acceptance_rate == 1.0, (sampling, stats.accepted, stats.drafted)
-  assert saved == [], f"captured, not loaded: {saved}"
+  ours = {repr(k): repr(v) for table in engine.TABLES for k, v in table.use.items()}
+  theirs = json.loads(storing.stderr.splitlines()[-1])
+  differ = {k: (ours[k], v) for k, v in theirs.items() if ours.get(k, v) != v}
+  assert saved == [], f"captured, not loaded: {saved}; the choices of the two processes that differ: {differ}"
 
 SAME_FILE = """
 import json, os, subprocess, sys

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib, importlib.metadata, math, sys, time
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from tinygrad.helpers import diskcache_get, diskcache_put
+from tinygrad.helpers import CACHELEVEL, db_connection, diskcache_get, diskcache_put
 
 # a candidate's outputs may differ from the reference's by this fraction of the reference's largest value (the dtype of
 # the pass: its kernels sum in another order, and round half once where tinygrad's round each step)
@@ -41,11 +41,23 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
       continue
     costs[key] = seconds
   best = min(costs, key=costs.get) if costs else reference
-  if failed: return best
-  # a process that measured the same meanwhile stored first: its answer stands (tinygrad's cache keeps the last
-  # written), so that processes sharing the cache choose, and name their steps (store.step_name()), alike
-  if (ret := diskcache_get(kind, disk)) is not None: return ret[0]
-  return diskcache_put(kind, disk, (best,))[0]
+  return best if failed else first_stored(kind, disk, (best,))[0]
+
+def first_stored(kind:str, key:str, value):
+  """value put in tinygrad's disk cache under kind and key unless a value is there already, and whichever is there
+  then: read and written under the cache's write lock, so that processes that measured the same at once all keep the
+  first one stored (tinygrad's put replaces), and choose, and name their steps (store.step_name()), alike."""
+  if CACHELEVEL.value < 1: return value
+  db = db_connection()
+  db.execute("BEGIN IMMEDIATE")   # the write lock, held until diskcache_put commits
+  try:
+    if (stored := diskcache_get(kind, key)) is not None:
+      db.rollback()
+      return stored
+    return diskcache_put(kind, key, value)
+  except BaseException:
+    db.rollback()
+    raise
 
 def error(outputs:list[np.ndarray], expected:list[np.ndarray]) -> float:
   """The largest difference between an output and its expected array over that array's largest magnitude, the worst
@@ -136,5 +148,5 @@ def half_pays() -> bool:
       x = Tensor.ones(1, 4096, dtype=dtype).contiguous().realize()
       ws = [w.cast(dtype).contiguous().realize() for w in weights]
       return captured(lambda x: [x.matmul(w.T).realize() for w in ws], x)[0]
-    pays = diskcache_put("spec_half", disk, cost(dtypes.half) * 1.25 < cost(dtypes.float32))
+    pays = first_stored("spec_half", disk, cost(dtypes.half) * 1.25 < cost(dtypes.float32))
   return pays

@@ -212,6 +212,6 @@ def choose(captured, run, name:str) -> bool|None:
     for way in (False, True, False, True):
       for g in batches: g.native = way
       seconds[way].append(measure.best_seconds(run, 2))
-    way = measure.diskcache_put("spec_native", disk, min(seconds[True]) < min(seconds[False]))
+    way = measure.first_stored("spec_native", disk, min(seconds[True]) < min(seconds[False]))
   for g in batches: g.native = way
   return way
