@@ -38,7 +38,7 @@ def generations(target, draft, Ks) -> list:
 def checkpoints(tmp_path_factory):
   """tiny_dir's kind of pair, and a deeper target and draft of the same width: another model's buffers, in more numbers."""
   root = tmp_path_factory.mktemp("store")
-  deep = dict(TINY, n_layer=8)
+  deep = dict(TINY, n_layer=4)
   for name, cfg, seed in (("target", TINY, 1), ("draft", TINY, 2), ("deep", deep, 4), ("deep-draft", deep, 5)):
     write_checkpoint(root / name, cfg, random_weights(cfg, seed))
   return root
