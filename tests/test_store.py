@@ -136,7 +136,7 @@ def test_a_draft_equal_to_its_target_accepts_everything_from_stored_steps(tiny_d
   assert rates == [1.0, 1.0] and stored, (rates, stored)
   rates, captured = twin()
   assert rates == [1.0, 1.0], rates
-  assert captured == [], f"captured, not loaded: {captured}, of which stored before: {sorted(set(captured) & set(stored))}"
+  assert captured == [], f"captured, not loaded: {captured}; stored before: {sorted(set(captured) & set(stored))}"
 
 SAME_FILE = """
 import json, os, subprocess, sys
