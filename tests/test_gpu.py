@@ -1,5 +1,5 @@
 """The GPU suite's own small tests, for CUDA's target emulated in Python (DEV=PYTHON::sm_80, pytest -m gpu), where
-every kernel runs in the interpreter: decodes against a wide pass and after a rollback, greedy identity on few tokens
+every kernel runs in the interpreter: decodes against the numpy GPT-2 and after a rollback, greedy identity on few tokens
 (K 2, the token rule). The suite also takes, marked gpu elsewhere: parity with the numpy GPT-2, exact enumeration of
 whole rounds on the device, the self-check's chi-square test (the block rule's rounds), GPT-2's massive activations in
 float16, and the engine's kernels against their formulas. The engine measures no choice there (an interpreter's
@@ -9,9 +9,8 @@ tests/render_kernels.py and tests/kernel_bounds.py can fail."""
 import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
 import spec
-from conftest import load, tolerance
+from conftest import TINY, load, np_gpt2_logits, random_weights, tolerance
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -20,14 +19,17 @@ def tiny(tiny_dir): return {name: load(tiny_dir / name) for name in ("target", "
 
 @pytest.mark.gpu
 def test_decode_and_rollback_on_few_tokens(tiny):
+  """Decoded logits against the float64 numpy GPT-2's over the whole sequence (an emulated wide pass takes longer than
+  the decodes), then 2 positions rolled back and other tokens fed."""
   target, seq = tiny["target"], [int(t) for t in np.random.default_rng(1).integers(0, 64, 8)]
-  full = target.forward(Tensor([seq], dtype=dtypes.int32), 0).numpy()
+  reference = lambda tokens: np_gpt2_logits(random_weights(TINY, seed=1), TINY["n_head"], tokens)
+  full = reference(seq)
   target.prefill(seq[:4])
   steps = [target([t], i).numpy()[0] for i, t in enumerate(seq[4:], start=4)]
   np.testing.assert_allclose(np.stack(steps), full[4:], atol=tolerance() * np.abs(full).max())
   other = [int(t) for t in np.random.default_rng(2).integers(0, 64, 2)]          # roll back 2 and feed others
   got = [target([t], i).numpy()[0] for i, t in enumerate(other, start=6)]
-  expected = target.forward(Tensor([seq[:6] + other], dtype=dtypes.int32), 0).numpy()[-2:]
+  expected = reference(seq[:6] + other)[-2:]
   np.testing.assert_allclose(np.stack(got), expected, atol=tolerance() * np.abs(expected).max())
 
 @pytest.mark.gpu
