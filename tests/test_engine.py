@@ -462,14 +462,13 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
   assert step(load(tiny_dir / "other")).captured is not None, "not rewritten"
 
 @pytest.mark.backend
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 3, 16])
+@pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), pytest.param(3, marks=pytest.mark.gpu), 16])
 def test_matvec_kernel_computes_the_formula(T):
   """The matvec kernel is x @ w.T + b (and x @ w.T in float32, the lm_head's), and with what it fuses: the layer norm
   before it (on rows with a mean far from 0 and, at one row, GPT-2's massive activations), GELU and the residual add
   after it, for every width a step may run, the widths together covering every option of each shape, where the
-  device has work-groups (a GPU; CI's GPU suite, DEV=PYTHON::sm_80, in float32; float16 by hand, .ci/run's header).
-  Where it has none (tinygrad's CPU backend) the kernel is no candidate."""
+  device has work-groups (a GPU; CI's GPU suite, DEV=PYTHON::sm_80, in float16 at 1 and 3 rows, which cover every
+  option; 16 rows on pocl, in float32). Where it has none (tinygrad's CPU backend) the kernel is no candidate."""
   rng = np.random.default_rng(T)
   half = lambda a: Tensor(a.astype(np.float32)).cast(models.DTYPES[dtype()]).realize()
   f64 = lambda t: t.float().numpy().astype(np.float64)
@@ -576,21 +575,23 @@ def test_plain_runs_the_port_on_tinygrad_alone(tiny_dir, tmp_path, monkeypatch):
                                          "norm_", "stats_")) for n in names)
   assert list(tmp_path.iterdir()) == [], "a plain run stored a step"
 
-def generations(target, draft, prompt, Ks=(1, 4), n=40) -> list:
-  """Greedy, sampled and filtered generations at a fixed seed for each K, and the target alone (K 0)."""
-  samplings = (spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.8, 20, 0.9))
-  return [(K, s, spec.speculative_generate(target, draft, prompt, K, n, s, seed=5, eos=None)[0]) for K in Ks for s in samplings] \
-    + [(0, s, spec.autoregressive_generate(target, prompt, n, s, seed=5, eos=None)[0]) for s in samplings[:2]]
+GREEDY, SAMPLED, FILTERED = spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.8, 20, 0.9)
+
+def generations(target, draft, prompt, rounds, n) -> list:
+  """Generations at a fixed seed for each (K, sampling) of rounds, and the target alone (K 0) greedy and sampled."""
+  return [(K, s, spec.speculative_generate(target, draft, prompt, K, n, s, seed=5, eos=None)[0]) for K, s in rounds] \
+    + [(0, s, spec.autoregressive_generate(target, prompt, n, s, seed=5, eos=None)[0]) for s in (GREEDY, SAMPLED)]
 
 @pytest.mark.backend
 def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatch):
   """With the engine's kernels wherever they fit (not only where they measure faster) and with plain=True, the same
-  tokens: greedy, sampled at a fixed seed, filtered, the target alone; and a (K+1)-wide pass's logits within the
-  dtype's tolerance (the kernels sum in another order)."""
+  tokens: sampled at a fixed seed at K 1, greedy and filtered at K 4 (each K's passes, each sampling's rule), the target
+  alone; and a (K+1)-wide pass's logits within the dtype's tolerance (the kernels sum in another order)."""
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
+  rounds = [(1, SAMPLED), (4, GREEDY), (4, FILTERED)]
   with engine.everywhere():
     pairs = [(load(tiny_dir / "target", plain=p), load(tiny_dir / "draft", plain=p)) for p in (False, True)]
-    assert generations(*pairs[0], [5, 9, 2]) == generations(*pairs[1], [5, 9, 2])
+    assert generations(*pairs[0], [5, 9, 2], rounds, 40) == generations(*pairs[1], [5, 9, 2], rounds, 40)
     block = [int(t) for t in np.random.default_rng(3).integers(0, 64, 5)]
     assert_close(*[target(block, 0).numpy() for target, _ in pairs])
   wide = measure.work_groups()
@@ -602,7 +603,8 @@ def test_the_engine_generates_what_the_port_alone_generates_on_the_shared_pair(e
   """The shared pair, the engine's measured choices against plain=True: the same tokens, greedy and sampled."""
   pairs = [(load(shared_dir() / "docs-target", plain=p), load(shared_dir() / "docs-draft", plain=p)) for p in (False, True)]
   prompt = enc.encode("The Python interpreter")
-  runs = [generations(target, draft, prompt, (4,), 24) for target, draft in pairs]
+  rounds = [(4, s) for s in (GREEDY, SAMPLED, FILTERED)]
+  runs = [generations(target, draft, prompt, rounds, 24) for target, draft in pairs]
   for (K, sampling, ours), (_, _, port) in zip(*runs):
     if ours != port: assert_rounding_apart(*pairs, prompt, ours, port, f"K {K}, {sampling}")
 
