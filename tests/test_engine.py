@@ -1,6 +1,6 @@
 """The engine (models/engine/): each kernel against the formula it replaces, measured choices, the replay graph, the
 stored steps, the fallback where a kernel cannot run, and the engine against the port alone (plain)."""
-import json, os, pathlib, signal, subprocess, sys, threading, time, types
+import itertools, json, os, pathlib, signal, subprocess, sys, threading, time, types
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
@@ -134,18 +134,22 @@ def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.v
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_lanes_kernel_computes_the_matmul(T):
-  """The lanes kernel is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x 8), in the
-  suite's dtype: inputs in it, float32 inside, the result in the output dtype."""
+  """The lanes kernel in each layout is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x
+  8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype."""
   rng = np.random.default_rng(T)
-  for N, C in ((96, 32), (64, 64), (256, 128)):
+  for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
     x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
     expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
-    for out in (None, dtypes.float32):
-      got = lanes.linear(x, w, out)
+    layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l)]
+    assert layouts == (["row"] if (N, C) == (98, 48) else list(lanes.LAYOUTS))
+    for layout, out in itertools.product(layouts, (None, dtypes.float32)):
+      got = lanes.linear(x, w, out, layout)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
-      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance()
-    assert f"lanes_{T}_{N}_{C}" in lanes_programs()
+      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (layout, out)
+    assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
   assert not lanes.fits(98, 32) and not lanes.fits(96, 48) and lanes.fits(96, 64) and not lanes.fits(100, 64)
+  assert lanes.fits(98, 32, "row") and not lanes.fits(96, 40, "row")
+  assert lanes.fits(36, 16, "four") and not lanes.fits(38, 16, "four") and not lanes.fits(36, 8, "four")
 
 def outputs(value:float): return [np.full((2, 3), value, np.float32)]
 
@@ -222,14 +226,14 @@ def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
   assert measure.fastest("spec_test", ("close",), close, "test", dtypes.float32, family) == (2,) and timed[3:] == [None, (1,), (2,)]
 
 def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
-  """linear.choose() times tinygrad's matmul, the lanes kernel where it fits and the matvec kernel's options where the
-  device has work-groups, over enough of the weights (measure.enough(): the first to reach MEASURE_BYTES, or all) on
+  """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits and the matvec kernel's options
+  where the device has work-groups, over enough of the weights (measure.enough(): the first to reach MEASURE_BYTES, or all) on
   random rows, and keeps the fastest; a second process reads the disk."""
   monkeypatch.setattr(linear, "use", {})
   monkeypatch.setattr(linear, "lost", set())
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
-  costs, timed = {None: 2.0, "lanes": 1.5, (64, 1): 1.0, (32, 1): 0.5}, []
+  costs, timed = {None: 2.0, "lanes": 1.5, "four": 1.6, "row": 1.75, (64, 1): 1.0, (32, 1): 0.5}, []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
   monkeypatch.setattr(linear, "captured", lambda fn, x: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
   monkeypatch.setattr(measure, "MEASURE_BYTES", 24 * 32 * 4 * 2)
@@ -237,16 +241,17 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1)
   assert timed == [(way, (3, 32)) for way in costs for _ in range(2)], "not the two first weights, or not every way"
   monkeypatch.setattr(linear, "use", {})
-  assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1) and len(timed) == 8, "measured again"
-  assert linear.ways(1, 24, 32)[:2] == [None, "lanes"] and "lanes" not in linear.ways(1, 24, 30)
+  assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1) and len(timed) == 12, "measured again"
+  assert linear.ways(1, 24, 32)[:4] == [None, "lanes", "four", "row"] and "lanes" not in linear.ways(1, 24, 30)
   # where the matvec kernel's first option loses clearly to one role, the process times it on no other of that width
   costs[(64, 1)] = 3.0
   assert linear.choose(3, [Tensor.empty(40, 32)], None, dtypes.float32) == "lanes" and linear.lost == {(3, dtypes.float32)}
   del timed[:]
-  assert linear.choose(3, [Tensor.empty(56, 32)], None, dtypes.float32) == "lanes" and [w for w, _ in timed] == [None, "lanes"]
+  assert linear.choose(3, [Tensor.empty(56, 32)], None, dtypes.float32) == "lanes"
+  assert [w for w, _ in timed] == [None, *lanes.LAYOUTS]
   del timed[:]
   linear.choose(1, [Tensor.empty(56, 32)], None, dtypes.float32)
-  assert [w for w, _ in timed] == [None, "lanes", (64, 1)], "another width: the matvec kernel timed again"
+  assert [w for w, _ in timed] == [None, *lanes.LAYOUTS, (64, 1)], "another width: the matvec kernel timed again"
 
 def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   """Causal attention of rows start..start+T-1 over the cache's first start positions and the block's own keys and
@@ -552,8 +557,10 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
   name, way, table = {"lanes": ("linear kernel", "lanes", linear), "attention": ("attention kernels", "kernels", attention),
                       "norm": ("layer norm kernel", "row", norm)}[kernel]
-  assert lines and all("no such instruction on this device" in l and name in l and f" {way} " in l for l in lines)
-  assert table.use and way not in table.use.values()
+  ways = set(lanes.LAYOUTS) if kernel == "lanes" else {way}   # the lanes kernel's layouts all fail
+  assert lines and all("no such instruction on this device" in l and name in l and any(f" {w} " in l for w in ways)
+                       for l in lines)
+  assert table.use and not ways & set(table.use.values())
   assert not any(kind == f"spec_{'linear' if kernel == 'lanes' else kernel}" for kind, _ in disk), "a failure was cached"
   assert_close(got, expected)
 

@@ -72,9 +72,10 @@ def choose_kernels(model:GPT2, widths) -> tuple:
   choices = []
   with notice(what), graph():
     for T in sorted(widths):
+      # the norms first: a linear layer's choice times the layer norm before it as a block runs it
+      choices.append(norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype))
       choices += [linear.choose(T, weights, biases, model.dtype, **form) for weights, biases, form in groups]
       choices.append(attention.choose(T, [b.attn for b in blocks], model.dtype))
-      choices.append(norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype))
   return tuple(choices)
 
 class Step:

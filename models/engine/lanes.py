@@ -2,8 +2,9 @@
 
 Replaces x @ w.T (formula()). A step pass multiplies T <= 16 rows by every weight matrix: memory-bound when T is 1,
 and it should stay so for the K+1 rows of a verify pass. tinygrad's own kernels for a few rows read a weight once per
-row or run out of registers on a CPU; this kernel holds every row, 4 lanes and 8 outputs in registers while the
-weights stream past once. Whether it is faster is measured per shape, width and dtype on the device (linear.py).
+row or run out of registers on a CPU; this kernel holds every row, a few outputs and their partial sums (lanes) in
+registers while the weights stream past once, in one of a few layouts (LAYOUTS). Whether it is faster, and in which
+layout, is measured per shape, width and dtype on the device (linear.py).
 """
 from __future__ import annotations
 import functools, math
@@ -12,25 +13,31 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
-LANES, OUTPUTS, GROUPS = 4, 8, 8   # partial sums per output; outputs and groups of LANES at a time (docs/engine.md)
+# a layout: (outputs at a time, partial sums per output, groups of those at a time): "lanes" reads 8 rows of the weight
+# at once, "four" 4, "row" one after another. clang's code for each is fastest for some shapes and widths, by up to 2.5x
+# (docs/engine.md), so linear.choose() measures them all
+LAYOUTS = {"lanes": (8, 4, 8), "four": (4, 4, 4), "row": (1, 8, 2)}
 
 def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T in dtype (default x's), accumulated in float32."""
   return x.matmul(w.T, dtype=dtype)
 
-def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1) -> UOp:
-  """out[t, n, l] = sum_g x[t, g*LANES + l] * w[n, g*LANES + l], float32; x (T, C), w (N, C), out (T, N, LANES). Rows
-  come in chunks (rows()). The options are fixed: OUTPUTS outputs and GROUPS groups at a time, the outputs split into
-  `threads` parts, each a core's (tinygrad's heuristics give a kernel with fixed options none)."""
-  (T, N, _), G = out.shape, x.shape[1] // LANES
+def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UOp:
+  """out[t, n, l] = sum_g x[t, g*L + l] * w[n, g*L + l], float32; x (T, C), w (N, C), out (T, N, L), L partial sums
+  (lanes) per output. Rows come in chunks (rows()). The options are the layout's (LAYOUTS): so many outputs and groups
+  at a time, the outputs split into `threads` parts, each a core's (tinygrad's heuristics give a kernel with fixed
+  options none)."""
+  (T, N, L), G = out.shape, x.shape[1] // out.shape[2]
+  outputs, _, groups = LAYOUTS[layout]
   chunk = rows(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
-  ti, lane = UOp.range(chunk, 2, AxisType.UPCAST), UOp.range(LANES, 3, AxisType.UPCAST)
+  ti, lane = UOp.range(chunk, 2, AxisType.UPCAST), UOp.range(L, 3, AxisType.UPCAST)
   g = UOp.range(G, 4, AxisType.REDUCE)
-  t, k = tc * chunk + ti, g * LANES + lane
+  t, k = tc * chunk + ti, g * L + lane
   acc = (x[t, k].cast(dtypes.float32) * w[n, k].cast(dtypes.float32)).reduce(g, arg=Ops.ADD)
-  opts = (Opt(OptOps.UPCAST, 0, OUTPUTS), Opt(OptOps.UNROLL, 0, GROUPS)) + thread(threads)
-  info = KernelInfo(name=f"lanes_{T}_{N}_{x.shape[1]}", opts_to_apply=opts)
+  opts = tuple(Opt(op, 0, amount) for op, amount in ((OptOps.UPCAST, outputs), (OptOps.UNROLL, groups)) if amount > 1)
+  name = "lanes" if layout == "lanes" else f"lanes_{layout}"
+  info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + thread(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
 def rows(T:int) -> int: return max(c for c in range(1, 9) if T % c == 0)   # a chunk: the most rows up to 8 dividing T
@@ -40,14 +47,16 @@ def splits(n:int, device:str) -> int:
   if not Device[device].renderer.has_threads: return 1
   return max(d for d in range(1, NUM_CPU_THREADS.value + 1) if n % d == 0)
 def thread(threads:int) -> tuple[Opt, ...]: return (Opt(OptOps.THREAD, 0, threads),) if threads > 1 else ()
-def fits(N:int, C:int) -> bool: return N % OUTPUTS == 0 and C % (GROUPS * LANES) == 0
+def fits(N:int, C:int, layout:str="lanes") -> bool:
+  outputs, lanes, groups = LAYOUTS[layout]
+  return N % outputs == 0 and C % (groups * lanes) == 0
 
-def linear(x:Tensor, w:Tensor, dtype=None) -> Tensor:
-  """formula(x, w, dtype) by the lanes kernel."""
+def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes") -> Tensor:
+  """formula(x, w, dtype) by the lanes kernel in this layout."""
   *B, C = x.shape
-  T, N = math.prod(B), w.shape[0]
-  out = Tensor.empty(T, N, LANES, dtype=dtypes.float32, device=x.device)
-  kernel = functools.partial(lanes_kernel, threads=splits(N // OUTPUTS, x.device))
+  (T, N), (outputs, lanes, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
+  out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
+  kernel = functools.partial(lanes_kernel, threads=splits(N // outputs, x.device), layout=layout)
   part = out.custom_kernel(x.reshape(T, C), w, fxn=kernel)[0]
   # the lanes summed outside, fused with what follows (bias, GELU, residual): inside, compilers kept them on the stack
   return part.sum(-1).cast(dtype or x.dtype).reshape(*B, N)

@@ -1,7 +1,7 @@
 """The linear layers and the lm_head: which kernel multiplies a step's rows by a weight (tinygrad's matmul, the lanes
-kernel, the matvec kernel with each of its options), measured once per machine (choose()); and a layer applied with
-what surrounds it in a block (apply()): the layer norm before it, GELU or the residual add after it, all in the matvec
-kernel where it runs, in tinygrad's operations elsewhere.
+kernel in each of its layouts, the matvec kernel with each of its options), measured once per machine (choose()); and a
+layer applied with what surrounds it in a block (apply()): the layer norm before it, GELU or the residual add after it,
+all in the matvec kernel where it runs, in tinygrad's operations elsewhere.
 """
 from __future__ import annotations
 import functools, inspect, math
@@ -11,8 +11,9 @@ from tinygrad.dtype import DType
 from models.engine import lanes, matvec, measure, norm
 from models.engine.measure import PRUNE, captured, enough, fastest
 
-# (T, N, C, x dtype, weight dtype, bias, form) -> None (tinygrad's matmul), "lanes", or the matvec kernel's (group,
-# outputs): what choose() measured on this device for a Form, what surrounds the layer in a block
+# (T, N, C, x dtype, weight dtype, bias, form) -> None (tinygrad's matmul), a layout of the lanes kernel (lanes.LAYOUTS)
+# or the matvec kernel's (group, outputs): what choose() measured on this device for a Form, what surrounds the layer in
+# a block
 use: dict[tuple, str|tuple[int, int]|None] = {}
 # (T, x dtype): the matvec kernel lost clearly (its first option over PRUNE x the fastest) to a role of this width:
 # the process times it on no other (a CPU's OpenCL, where it loses every time, compiles it once a width)
@@ -22,13 +23,13 @@ ASK = object()   # apply()'s way: as use holds
 def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None,
           way=ASK) -> Tensor:
   """residual + GELU(ln(x) @ w.T + b) in dtype (default x's), each part where given; ln: a layer norm (weight, bias,
-  eps). way: as choose() measured for these shapes and this form (else tinygrad's), or None, "lanes", (group, outputs);
-  where a way is given, a layer norm outside the kernel is the norm's formula (what the choice compares)."""
-  asked = way is ASK
-  if asked: way = chosen(x, w, b, dtype, ln, gelu, residual)
+  eps). way: as choose() measured for these shapes and this form (else tinygrad's), or None, a lanes kernel's layout,
+  (group, outputs); a layer norm outside the kernel runs as norm.choose() measured (else its formula), for a given way
+  too: a choice compares what a block runs."""
+  if way is ASK: way = chosen(x, w, b, dtype, ln, gelu, residual)
   if isinstance(way, tuple): return matvec.linear(x, w, b, dtype, way, ln, gelu, residual)
-  if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps, norm.ASK if asked else None)
-  y = lanes.linear(x, w, dtype) if way == "lanes" else lanes.formula(x, w, dtype)
+  if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
+  y = lanes.linear(x, w, dtype, way) if way in lanes.LAYOUTS else lanes.formula(x, w, dtype)
   if b is not None: y = y + b
   if gelu: y = y.gelu()
   return y if residual is None else residual + y
@@ -52,7 +53,8 @@ def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:boo
 
 def ways(T:int, N:int, C:int) -> list:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first."""
-  return [None] + (["lanes"] if lanes.fits(N, C) else []) + (matvec.options(N, C) if matvec.fits(N, C) else [])
+  layouts = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout)]
+  return [None] + layouts + (matvec.options(N, C) if matvec.fits(N, C) else [])
 
 def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype=None, lns:list|None=None,
            gelu:bool=False, residual:bool=False) -> str|tuple[int, int]|None:
@@ -76,7 +78,9 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
       return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x)
     code = [inspect.getsource(f) for f in (matvec.matvec_kernel, lanes.lanes_kernel, apply, norm.shift)]
     candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
-    use[key] = fastest("spec_linear", (key, *code), {w: functools.partial(run, w) for w in candidates},
+    ln_way = norm.use.get((T, C, x_dtype)) if lns[0] is not None else None   # what runs before: part of the cost
+    use[key] = fastest("spec_linear", (key, ln_way, lanes.LAYOUTS, *code),
+                       {w: functools.partial(run, w) for w in candidates},
                        f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
                        family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs)
     first = next((w for w in candidates if isinstance(w, tuple)), None)
