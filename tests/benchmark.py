@@ -20,6 +20,8 @@ the same prompts and token counts. From those:
 plus the memory read bandwidth (a matrix-vector product over 1 GiB: tinygrad's, numpy's BLAS on all cores and on
 one), the gpt2-xl decode as a multiple of (weight bytes / bandwidth), its K+1-token passes as multiples of its decode,
 the peak resident memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
+With both pairs: each small model's decode (gpt2, docs-deep, docs-draft) against its bytes at the rate gpt2-xl's decode
+reads its own, the four decodes timed side by side (the per-kernel overhead: a small model pays it on fewer bytes).
 For the trained pair also the tokens of paired first rounds under both verification rules (the same drafted block and
 draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
@@ -101,8 +103,8 @@ def runner_times(model:models.GPT2, width:int=1, reps:int=5) -> dict|None:
   return {"native": min(times[True]), "replay": min(times[False]), "chosen": "native" if chosen else "replay"}
 
 def sizes(model:models.GPT2) -> tuple[int, int]:
-  """(weight bytes, KV-cache bytes) as allocated."""
-  state = get_state_dict(model)
+  """(weight bytes, KV-cache bytes) as allocated (not the captured steps' outputs, which the model holds too)."""
+  state = {k: t for k, t in get_state_dict(model).items() if not k.startswith("jits.")}
   kv = sum(t.nbytes() for k, t in state.items() if "cache_kv" in k)
   return sum(t.nbytes() for t in {id(t): t for t in state.values()}.values()) - kv, kv
 
@@ -215,22 +217,28 @@ def table(result:dict) -> str:
                  f"{r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
 
+def interleaved_decodes(models_:dict, rounds:int=5) -> dict[str, tuple[float, int]]:
+  """Each model's one-token decode (forward_pass()) and weight bytes: the best of rounds in which each decodes in turn
+  (best of 3): a shared machine's memory rate moves over minutes, so decodes compared with each other are timed side by
+  side."""
+  runs, best = {name: forward_pass(m, 1) for name, m in models_.items()}, {name: float("inf") for name in models_}
+  for _ in range(rounds):
+    for name, run in runs.items(): best[name] = min(best[name], best_seconds(run, 3))
+  return {name: (best[name], sizes(m)[0]) for name, m in models_.items()}
+
 def small_models(report:dict) -> list[str]:
-  """Lines: each small model's decode against its bytes at the rate gpt2-xl's decode reads its own (the xl pair's
-  target, this run), the deep pair's ms a token (the target alone, speculative sampling with default flags at T 0),
-  and each decode by native.py's runner and by replay.py's graph where both ran."""
+  """Lines: each small model's decode against its bytes at the rate gpt2-xl's decode reads its own, the decodes timed
+  side by side (interleaved_decodes()), the deep pair's ms a token (the target alone, speculative sampling with default
+  flags at T 0), and each decode by native.py's runner and by replay.py's graph where both ran."""
   lines, by = [], {r["pair"]: r for r in report["results"]}
-  xl = next((r for name, r in by.items() if "gpt2-xl" in name), None)
-  deep = by.get("docs-deep / docs-draft")
-  if xl:
-    rate = xl["target_bytes"] / xl["t_target"]
-    small = [("gpt2", xl["t_draft"], xl["draft_bytes"])]
-    if deep: small += [("docs-deep", deep["t_target"], deep["target_bytes"]),
-                       ("docs-draft", deep["t_draft"], deep["draft_bytes"])]
-    lines.append(f"gpt2-xl's decode reads {rate / 1e9:.1f} GB/s ({xl['target_bytes'] / 1e9:.2f} GB in "
-                 f"{xl['t_target'] * 1e3:.1f} ms); a small model's decode against its bytes at that rate: " +
-                 ", ".join(f"{n} {t * 1e3:.2f} ms = {t / (b / rate):.2f}x ({b / 1e6:.0f} MB)" for n, t, b in small))
-  if deep:
+  if decodes := report.get("decodes"):
+    xl_seconds, xl_bytes = decodes["gpt2-xl"]
+    rate = xl_bytes / xl_seconds
+    lines.append(f"decodes side by side: gpt2-xl's reads {rate / 1e9:.1f} GB/s ({xl_bytes / 1e9:.2f} GB in "
+                 f"{xl_seconds * 1e3:.1f} ms); a small model's against its bytes at that rate: " +
+                 ", ".join(f"{n} {t * 1e3:.2f} ms = {t / (b / rate):.2f}x ({b / 1e6:.0f} MB)"
+                           for n, (t, b) in decodes.items() if n != "gpt2-xl"))
+  if deep := by.get("docs-deep / docs-draft"):
     row = next((r for r in deep["rows"] if r["T"] == 0 and r["K"] == 2 and r["rule"] == "block"), None)
     if row: lines.append(f"the deep pair at T 0: the target alone {row['ar_seconds'] / row['ar_tokens'] * 1e3:.2f} ms "
                          f"a token, speculative sampling (K 2, block) "
@@ -272,6 +280,10 @@ def main():
     result = bench_pair(f"{'' if args.xl else 'dummy '}gpt2-xl / gpt2", target, draft, prompts[:1], 8 if args.quick else 24, reps)
     report["memory"] = dict(weight_bytes=tw + dw, kv_bytes=tk + dk, load_peak_rss=load_rss, peak_rss=peak_rss())
     report["results"].append(result)
+    if "deep" in pairs:   # the small models' decodes against gpt2-xl's, timed side by side
+      small = {d: load(str(SHARED / d)) for d in ("docs-deep", "docs-draft")}
+      report["decodes"] = interleaved_decodes({"gpt2-xl": target, "gpt2": draft, **small})
+      del small
     del target, draft; gc.collect()
   report["bandwidth"] = bws = bandwidth()
   bw = max(v for k, v in bws.items() if "1 thread" not in k)

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Optional benchmark step: spec against llama.cpp's decoding of the same checkpoints on the same CPU, one run each,
+greedy, the trained pair docs-deep/docs-draft. Not a dependency of spec.py or the tests:
+
+  git clone https://github.com/ggml-org/llama.cpp && cmake -S llama.cpp -B llama.cpp/build -DLLAMA_CURL=OFF \
+    && cmake --build llama.cpp/build -j --target llama-bench llama-cli llama-speculative
+  pip install sentencepiece pyyaml                      # what llama.cpp's gguf-py imports
+  python tests/bench_llamacpp.py --llama-cpp llama.cpp  # about 5 minutes
+
+The checkpoints become float32 GGUF files (llama.cpp's gguf-py writes them; the tokenizer is GPT-2's, from tiktoken's
+r50k_base: its tokens and the merges that rebuild them). Then, on every core: llama-bench's plain decoding (tg, 128
+tokens after none), llama-cli's greedy decoding of each prompt and llama-speculative's (the draft, --draft-max 2 and 4,
+its other settings its defaults), each in ms a token of its own timers; spec's target alone and speculative sampling
+with default flags on the same prompts, in ms a token of its rounds (Stats.time_total). The first prompt's greedy text is compared, a check of the
+conversion: the same weights and tokenizer generate the same text.
+"""
+import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SHARED = ROOT.parent / "shared" / "models"
+if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
+import numpy as np
+from tinygrad.nn.state import safe_load
+import models, spec
+from benchmark import PAIRED_PROMPTS
+
+BLOCK = (("ln_1", "attn_norm"), ("attn.c_attn", "attn_qkv"), ("attn.c_proj", "attn_output"), ("ln_2", "ffn_norm"),
+         ("mlp.c_fc", "ffn_up"), ("mlp.c_proj", "ffn_down"))
+
+def gpt2_vocab() -> tuple[list[str], list[str]]:
+  """GPT-2's tokens as byte-level BPE strings (its bytes-to-unicode map), <|endoftext|> last, and the merges that make
+  each token of two or more bytes from its two parts."""
+  enc = models.tokenizer()
+  ranks = enc._mergeable_ranks
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+  unicode = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(b for b in range(256)
+                                                                                   if b not in printable)}
+  text = lambda bs: "".join(unicode[b] for b in bs)
+  def split(token:bytes) -> list[bytes]:
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:   # BPE's merges in rank order end in the two parts the token's own merge joins
+      i = min(range(len(parts) - 1), key=lambda i: ranks.get(parts[i] + parts[i + 1], math.inf))
+      parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+  ordered = sorted(ranks, key=ranks.get)
+  merges = [" ".join(map(text, split(t))) for t in ordered if len(t) > 1]
+  return [text(t) for t in ordered] + ["<|endoftext|>"], merges
+
+def to_gguf(gguf, checkpoint:pathlib.Path, out:pathlib.Path, vocab) -> pathlib.Path:
+  """A Hugging Face GPT-2 checkpoint as a float32 GGUF file in llama.cpp's names (Conv1D weights transposed, the
+  lm_head tied to wte)."""
+  cfg = json.loads((checkpoint / "config.json").read_text())
+  state = {k: v.numpy() for k, v in safe_load(str(checkpoint / "model.safetensors")).items()}
+  w = gguf.GGUFWriter(str(out), "gpt2")
+  w.add_block_count(cfg["n_layer"]); w.add_context_length(cfg["n_positions"]); w.add_embedding_length(cfg["n_embd"])
+  w.add_feed_forward_length(4 * cfg["n_embd"]); w.add_head_count(cfg["n_head"])
+  w.add_layer_norm_eps(cfg.get("layer_norm_epsilon", 1e-5)); w.add_file_type(gguf.LlamaFileType.ALL_F32)
+  tokens, merges = vocab
+  w.add_tokenizer_model("gpt2"); w.add_tokenizer_pre("gpt-2"); w.add_token_list(tokens)
+  w.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 1) + [gguf.TokenType.CONTROL]); w.add_token_merges(merges)
+  w.add_bos_token_id(models.EOT); w.add_eos_token_id(models.EOT)
+  w.add_tensor("token_embd.weight", state["wte.weight"]); w.add_tensor("position_embd.weight", state["wpe.weight"])
+  for i in range(cfg["n_layer"]):
+    for ours, theirs in BLOCK:
+      weight = state[f"h.{i}.{ours}.weight"]
+      w.add_tensor(f"blk.{i}.{theirs}.weight", np.ascontiguousarray(weight.T) if weight.ndim == 2 else weight)
+      w.add_tensor(f"blk.{i}.{theirs}.bias", state[f"h.{i}.{ours}.bias"])
+  w.add_tensor("output_norm.weight", state["ln_f.weight"]); w.add_tensor("output_norm.bias", state["ln_f.bias"])
+  w.add_tensor("output.weight", state["wte.weight"])
+  w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+  return out
+
+def run(cmd:list) -> str:
+  out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
+  if out.returncode: sys.exit(f"{cmd[0]} failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+  return out.stdout + out.stderr
+
+def eval_ms(log:str) -> tuple[float, int]:
+  """llama.cpp's eval timer: (milliseconds, tokens) of the generated tokens after the prompt."""
+  ms, n = re.search(r"print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", log).groups()   # not "prompt eval"
+  return float(ms), int(n)
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--llama-cpp", required=True, type=pathlib.Path, help="a llama.cpp checkout built with cmake "
+                  "(build/bin/llama-bench, llama-cli, llama-speculative; gguf-py)")
+  ap.add_argument("-n", type=int, default=128, help="new tokens a prompt")
+  ap.add_argument("--prompts", type=int, default=len(PAIRED_PROMPTS), help="how many of the benchmark's prompts")
+  ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (spec: its own, every core)")
+  args = ap.parse_args()
+  sys.path.insert(0, str(args.llama_cpp / "gguf-py"))
+  import gguf
+  bin_ = args.llama_cpp / "build" / "bin"
+  commit = run(["git", "-C", args.llama_cpp, "rev-parse", "--short", "HEAD"]).strip()
+  prompts = PAIRED_PROMPTS[:args.prompts]
+  with tempfile.TemporaryDirectory() as tmp:
+    vocab = gpt2_vocab()
+    target, draft = (to_gguf(gguf, SHARED / d, pathlib.Path(tmp) / f"{d}.gguf", vocab)
+                     for d in ("docs-deep", "docs-draft"))
+    print(f"# spec against llama.cpp {commit}: docs-deep / docs-draft, float32, {args.threads} threads, greedy, "
+          f"{len(prompts)} prompts x {args.n} tokens\n")
+    bench = json.loads(run([bin_ / "llama-bench", "-m", target, "-p", 0, "-n", args.n, "-t", args.threads, "-r", 5,
+                            "-o", "json"]))
+    rows = {"llama.cpp, llama-bench decoding (tg, no prompt)": 1e3 / bench[0]["avg_ts"]}
+    common = ["-n", args.n, "-t", args.threads, "--temp", 0, "--ignore-eos"]
+    cli, texts = [], []
+    for p in prompts:
+      log = run([bin_ / "llama-cli", "-m", target, "-p", p, "-no-cnv", *common])
+      cli.append(eval_ms(log)); texts.append(log)
+    rows["llama.cpp, llama-cli greedy decoding"] = sum(ms for ms, _ in cli) / sum(n for _, n in cli)
+    for K in (2, 4):
+      logs = [run([bin_ / "llama-speculative", "-m", target, "-md", draft, "-p", p, "--draft-max", K, "--draft-min", 0,
+                   *common]) for p in prompts]
+      times = [re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log).groups() for log in logs]
+      seconds, tokens = sum(float(s) for _, s in times), sum(int(n) for n, _ in times)
+      rows[f"llama.cpp, llama-speculative (K {K})"] = 1e3 * seconds / tokens
+  target_model, draft_model = (models.load(str(SHARED / d), "float32") for d in ("docs-deep", "docs-draft"))
+  enc = models.tokenizer()
+  def ours(fn) -> float:
+    for p in prompts[:2]: fn(enc.encode(p), 4)                      # warm-up: the steps, the prefill widths
+    stats = [fn(enc.encode(p), args.n)[1] for p in prompts]
+    return 1e3 * sum(s.time_total for s in stats) / sum(s.new_tokens for s in stats)
+  rows["spec, target alone"] = ours(lambda p, n: spec.autoregressive_generate(target_model, p, n, eos=None))
+  rows["spec, speculative sampling (default flags)"] = ours(
+    lambda p, n: spec.speculative_generate(target_model, draft_model, p, max_new_tokens=n, eos=None))
+  first = enc.decode(spec.autoregressive_generate(target_model, enc.encode(prompts[0]), 32, eos=None)[0])
+  print("| run | ms a token |\n|---|---|")
+  for name, ms in rows.items(): print(f"| {name} | {ms:.2f} |")
+  same = first.strip()[:60] in texts[0]
+  print(f"\nthe first prompt's greedy text (32 tokens, spec's target alone) {'is' if same else 'is NOT'} llama.cpp's")
+
+if __name__ == "__main__":
+  main()
