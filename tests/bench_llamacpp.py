@@ -9,10 +9,10 @@ greedy, the trained pair docs-deep/docs-draft. Not a dependency of spec.py or th
 
 The checkpoints become float32 GGUF files (llama.cpp's gguf-py writes them; the tokenizer is GPT-2's, from tiktoken's
 r50k_base: its tokens and the merges that rebuild them). Then, on every core: llama-bench's plain decoding (tg, 128
-tokens after none), llama-cli's greedy decoding of each prompt and llama-speculative's (the draft, --draft-max 2 and 4,
-its other settings its defaults), each in ms a token of its own timers; spec's target alone and speculative sampling
-with default flags on the same prompts, in ms a token of its rounds (Stats.time_total). The first prompt's greedy text is compared, a check of the
-conversion: the same weights and tokenizer generate the same text.
+tokens after none), and each prompt in turn by llama-cli's greedy decoding, llama-speculative's (the draft,
+--draft-max 2 and 4, its other settings its defaults), spec's target alone and spec's speculative sampling with default
+flags (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
+The first prompt's greedy text is compared, a check of the conversion: the same weights and tokenizer, the same text.
 """
 import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -80,6 +80,11 @@ def eval_ms(log:str) -> tuple[float, int]:
   ms, n = re.search(r"print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs", log).groups()   # not "prompt eval"
   return float(ms), int(n)
 
+def speculative_ms(log:str) -> tuple[float, int]:
+  """llama-speculative's own count: (milliseconds, tokens) decoded after the prompt."""
+  n, seconds = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log).groups()
+  return 1e3 * float(seconds), int(n)
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--llama-cpp", required=True, type=pathlib.Path, help="a llama.cpp checkout built with cmake "
@@ -93,6 +98,13 @@ def main():
   bin_ = args.llama_cpp / "build" / "bin"
   commit = run(["git", "-C", args.llama_cpp, "rev-parse", "--short", "HEAD"]).strip()
   prompts = PAIRED_PROMPTS[:args.prompts]
+  target_model, draft_model = (models.load(str(SHARED / d), "float32") for d in ("docs-deep", "docs-draft"))
+  enc = models.tokenizer()
+  ours = {"spec, target alone": lambda p, n: spec.autoregressive_generate(target_model, p, n, eos=None),
+          "spec, speculative sampling (default flags)":
+            lambda p, n: spec.speculative_generate(target_model, draft_model, p, max_new_tokens=n, eos=None)}
+  for fn in ours.values():
+    for p in prompts: fn(enc.encode(p), 4)                          # warm-up: the steps, every prefill width
   with tempfile.TemporaryDirectory() as tmp:
     vocab = gpt2_vocab()
     target, draft = (to_gguf(gguf, SHARED / d, pathlib.Path(tmp) / f"{d}.gguf", vocab)
@@ -101,32 +113,27 @@ def main():
           f"{len(prompts)} prompts x {args.n} tokens\n")
     bench = json.loads(run([bin_ / "llama-bench", "-m", target, "-p", 0, "-n", args.n, "-t", args.threads, "-r", 5,
                             "-o", "json"]))
-    rows = {"llama.cpp, llama-bench decoding (tg, no prompt)": 1e3 / bench[0]["avg_ts"]}
     common = ["-n", args.n, "-t", args.threads, "--temp", 0, "--ignore-eos"]
-    cli, texts = [], []
-    for p in prompts:
-      log = run([bin_ / "llama-cli", "-m", target, "-p", p, "-no-cnv", *common])
-      cli.append(eval_ms(log)); texts.append(log)
-    rows["llama.cpp, llama-cli greedy decoding"] = sum(ms for ms, _ in cli) / sum(n for _, n in cli)
+    llama = {"llama.cpp, llama-cli greedy decoding": lambda p: eval_ms(run([bin_ / "llama-cli", "-m", target, "-p", p,
+                                                                            "-no-cnv", *common]))}
     for K in (2, 4):
-      logs = [run([bin_ / "llama-speculative", "-m", target, "-md", draft, "-p", p, "--draft-max", K, "--draft-min", 0,
-                   *common]) for p in prompts]
-      times = [re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log).groups() for log in logs]
-      seconds, tokens = sum(float(s) for _, s in times), sum(int(n) for n, _ in times)
-      rows[f"llama.cpp, llama-speculative (K {K})"] = 1e3 * seconds / tokens
-  target_model, draft_model = (models.load(str(SHARED / d), "float32") for d in ("docs-deep", "docs-draft"))
-  enc = models.tokenizer()
-  def ours(fn) -> float:
-    for p in prompts[:2]: fn(enc.encode(p), 4)                      # warm-up: the steps, the prefill widths
-    stats = [fn(enc.encode(p), args.n)[1] for p in prompts]
-    return 1e3 * sum(s.time_total for s in stats) / sum(s.new_tokens for s in stats)
-  rows["spec, target alone"] = ours(lambda p, n: spec.autoregressive_generate(target_model, p, n, eos=None))
-  rows["spec, speculative sampling (default flags)"] = ours(
-    lambda p, n: spec.speculative_generate(target_model, draft_model, p, max_new_tokens=n, eos=None))
+      llama[f"llama.cpp, llama-speculative (K {K})"] = lambda p, K=K: speculative_ms(run(
+        [bin_ / "llama-speculative", "-m", target, "-md", draft, "-p", p, "--draft-max", K, "--draft-min", 0, *common]))
+    # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not
+    totals = {name: [0.0, 0] for name in [*llama, *ours]}
+    for p in prompts:
+      for name, fn in llama.items():
+        ms, n = fn(p)
+        totals[name][0] += ms; totals[name][1] += n
+      for name, fn in ours.items():
+        stats = fn(enc.encode(p), args.n)[1]
+        totals[name][0] += 1e3 * stats.time_total; totals[name][1] += stats.new_tokens
+    text = run([bin_ / "llama-cli", "-m", target, "-p", prompts[0], "-no-cnv", *common[:-1]])
   first = enc.decode(spec.autoregressive_generate(target_model, enc.encode(prompts[0]), 32, eos=None)[0])
   print("| run | ms a token |\n|---|---|")
-  for name, ms in rows.items(): print(f"| {name} | {ms:.2f} |")
-  same = first.strip()[:60] in texts[0]
+  print(f"| llama.cpp, llama-bench decoding (tg, no prompt, before the rest) | {1e3 / bench[0]['avg_ts']:.2f} |")
+  for name, (ms, n) in totals.items(): print(f"| {name} | {ms / n:.2f} |")
+  same = first.strip()[:60] in text
   print(f"\nthe first prompt's greedy text (32 tokens, spec's target alone) {'is' if same else 'is NOT'} llama.cpp's")
 
 if __name__ == "__main__":
