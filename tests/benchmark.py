@@ -20,8 +20,9 @@ the same prompts and token counts. From those:
 plus the memory read bandwidth (a matrix-vector product over 1 GiB: tinygrad's, numpy's BLAS on all cores and on
 one), the gpt2-xl decode as a multiple of (weight bytes / bandwidth), its K+1-token passes as multiples of its decode,
 the peak resident memory against weight + KV-cache bytes, and kernels compiled during the timed runs (the target: zero).
-With both pairs: each small model's decode (gpt2, docs-deep, docs-draft) against its bytes at the rate gpt2-xl's decode
-reads its own, the four decodes timed side by side (the per-kernel overhead: a small model pays it on fewer bytes).
+With both pairs, timed side by side: gpt2-xl's decode against the memory floor, and each small model's (gpt2, docs-deep,
+docs-draft) against its bytes at the rate gpt2-xl's decode reads its own (a small model pays a kernel's fixed costs on
+fewer bytes).
 For the trained pair also the tokens of paired first rounds under both verification rules (the same drafted block and
 draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
@@ -217,27 +218,38 @@ def table(result:dict) -> str:
                  f"{r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
 
-def interleaved_decodes(models_:dict, rounds:int=5) -> dict[str, tuple[float, int]]:
-  """Each model's one-token decode (forward_pass()) and weight bytes: the best of rounds in which each decodes in turn
-  (best of 3): a shared machine's memory rate moves over minutes, so decodes compared with each other are timed side by
-  side."""
-  runs, best = {name: forward_pass(m, 1) for name, m in models_.items()}, {name: float("inf") for name in models_}
+def side_by_side(runs:dict, rounds:int=5) -> dict[str, float]:
+  """Each call's seconds (name -> a call): the best of rounds in which each runs in turn (best of 3): a shared machine's
+  memory rate moves over minutes, so the times compared with each other are taken side by side."""
+  best = {name: float("inf") for name in runs}
   for _ in range(rounds):
     for name, run in runs.items(): best[name] = min(best[name], best_seconds(run, 3))
-  return {name: (best[name], sizes(m)[0]) for name, m in models_.items()}
+  return best
+
+def decodes_and_floor(models_:dict, nbytes:int=1 << 30) -> dict[str, tuple[float, int]]:
+  """name -> (seconds, bytes read): each model's one-token decode (forward_pass()) and its weights, and numpy's BLAS
+  matrix-vector product over nbytes (the memory floor's rate, as bandwidth() measures it), timed side by side."""
+  n = int((nbytes // 4) ** 0.5)
+  a, v = np.ones((n, n), np.float32), np.ones(n, np.float32)
+  runs = {name: forward_pass(m, 1) for name, m in models_.items()} | {"numpy BLAS matvec": lambda: a @ v}
+  times = side_by_side(runs)
+  return {name: (times[name], sizes(m)[0]) for name, m in models_.items()} | \
+         {"numpy BLAS matvec": (times["numpy BLAS matvec"], a.nbytes)}
 
 def small_models(report:dict) -> list[str]:
-  """Lines: each small model's decode against its bytes at the rate gpt2-xl's decode reads its own, the decodes timed
-  side by side (interleaved_decodes()), the deep pair's ms a token (the target alone, speculative sampling with default
-  flags at T 0), and each decode by native.py's runner and by replay.py's graph where both ran."""
+  """Lines: gpt2-xl's decode against the memory floor and each small model's against its bytes at the rate gpt2-xl's
+  decode reads its own, all timed side by side (decodes_and_floor()), the deep pair's ms a token (the target alone,
+  speculative sampling with default flags at T 0), and each decode by native.py's runner and by replay.py's graph
+  where both ran."""
   lines, by = [], {r["pair"]: r for r in report["results"]}
   if decodes := report.get("decodes"):
-    xl_seconds, xl_bytes = decodes["gpt2-xl"]
-    rate = xl_bytes / xl_seconds
-    lines.append(f"decodes side by side: gpt2-xl's reads {rate / 1e9:.1f} GB/s ({xl_bytes / 1e9:.2f} GB in "
-                 f"{xl_seconds * 1e3:.1f} ms); a small model's against its bytes at that rate: " +
+    (xl_seconds, xl_bytes), (blas_seconds, blas_bytes) = decodes["gpt2-xl"], decodes["numpy BLAS matvec"]
+    rate, floor = xl_bytes / xl_seconds, xl_bytes / (blas_bytes / blas_seconds)
+    lines.append(f"side by side: gpt2-xl's decode {xl_seconds * 1e3:.1f} ms = {xl_seconds / floor:.2f}x the memory "
+                 f"floor (numpy's BLAS matvec at {blas_bytes / blas_seconds / 1e9:.1f} GB/s), reading "
+                 f"{rate / 1e9:.1f} GB/s; a small model's decode against its bytes at that rate: " +
                  ", ".join(f"{n} {t * 1e3:.2f} ms = {t / (b / rate):.2f}x ({b / 1e6:.0f} MB)"
-                           for n, (t, b) in decodes.items() if n != "gpt2-xl"))
+                           for n, (t, b) in decodes.items() if n not in ("gpt2-xl", "numpy BLAS matvec")))
   if deep := by.get("docs-deep / docs-draft"):
     row = next((r for r in deep["rows"] if r["T"] == 0 and r["K"] == 2 and r["rule"] == "block"), None)
     if row: lines.append(f"the deep pair at T 0: the target alone {row['ar_seconds'] / row['ar_tokens'] * 1e3:.2f} ms "
@@ -282,7 +294,7 @@ def main():
     report["results"].append(result)
     if "deep" in pairs:   # the small models' decodes against gpt2-xl's, timed side by side
       small = {d: load(str(SHARED / d)) for d in ("docs-deep", "docs-draft")}
-      report["decodes"] = interleaved_decodes({"gpt2-xl": target, "gpt2": draft, **small})
+      report["decodes"] = decodes_and_floor({"gpt2-xl": target, "gpt2": draft, **small})
       del small
     del target, draft; gc.collect()
   report["bandwidth"] = bws = bandwidth()
