@@ -17,6 +17,12 @@ if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED
 if "PYTEST_XDIST_WORKER" not in os.environ:
   os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
   atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True)
+  # pocl's kernel cache, one a worker: workers building the same kernel at once in one cache made a program binary
+  # without its kernels' metadata, and loading it aborted a worker (pocl 3.1's assertion `len > 0`, docs/tests.md)
+  os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="spec-pocl-")
+  atexit.register(shutil.rmtree, os.environ["POCL_CACHE_DIR"], ignore_errors=True)
+elif "POCL_CACHE_DIR" in os.environ:
+  os.environ["POCL_CACHE_DIR"] = os.path.join(os.environ["POCL_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
 # every kernel a test compiles is checked by tinygrad's code generator, which proves each load and store index inside its
 # buffer (CHECK_OOB=1, with the z3 solver): an out-of-bounds access fails its test as it compiles, not only when it
