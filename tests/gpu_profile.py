@@ -134,9 +134,9 @@ def predicted_seconds(linear, weights:set, var_vals:dict) -> float:
 @contextlib.contextmanager
 def model_clock(weights:set):
   """The engine's measured choices made by this model: a captured function's predicted seconds (its outputs NULL's
-  zeros), nothing cached."""
+  zeros), nothing cached; a flush before a call (before) changes nothing: the model streams every weight."""
   saved = measure.captured, measure.diskcache_get, measure.first_stored
-  def captured(fn, *args):
+  def captured(fn, *args, before=None):
     step = TinyJit(fn)
     with Context(BEAM=0):
       for _ in range(2): outputs = step(*args)

@@ -7,7 +7,7 @@ from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
 from tinygrad.engine.realize import get_graph_runtime
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from tinygrad.codegen import to_program_cache
-from tinygrad.helpers import NUM_CPU_THREADS
+from tinygrad.helpers import GlobalCounters, NUM_CPU_THREADS
 import models, spec
 from models import GPT2, GPT2Config, engine
 from models.engine import attention, lanes, linear, matvec, measure, native, norm, replay, store
@@ -235,7 +235,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   costs, timed = {None: 2.0, "lanes": 1.5, "four": 1.6, "row": 1.75, (64, 1): 1.0, (32, 1): 0.5}, []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
-  monkeypatch.setattr(linear, "captured", lambda fn, x: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
+  monkeypatch.setattr(linear, "captured", lambda fn, x, before: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
   monkeypatch.setattr(measure, "MEASURE_BYTES", 24 * 32 * 4 * 2)
   weights, biases = [Tensor.empty(24, 32)] * 3, [Tensor.empty(24)] * 3
   assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1)
@@ -252,6 +252,32 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   del timed[:]
   linear.choose(1, [Tensor.empty(56, 32)], None, dtypes.float32)
   assert [w for w, _ in timed] == [None, *lanes.LAYOUTS, (64, 1)], "another width: the matvec kernel timed again"
+
+def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
+  """linear.choose() times every call of a candidate after measure.evictor()'s flush, a read of MEASURE_BYTES of the
+  device's memory through a buffer of its own: a small model's weights are timed streaming from memory, as in a pass
+  (its whole model is past the caches), not from the cache that would hold one role's (a wrong choice otherwise, 2.9x
+  slower decodes of docs-deep on a CPU). The flush allocates nothing before it is called: a choice read from the disk
+  times nothing."""
+  monkeypatch.setattr(linear, "use", {})
+  monkeypatch.setattr(measure, "MEASURE_BYTES", 1 << 16)
+  events, evictor = [], measure.evictor
+  def recording():
+    flush = evictor()
+    return lambda: (events.append("flush"), flush())
+  monkeypatch.setattr(measure, "evictor", recording)
+  best = measure.best_seconds
+  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: best(lambda: (events.append("call"),
+                      fn()), reps, before))
+  w = Tensor(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)).realize()
+  linear.choose(1, [w], None, dtypes.float32)
+  assert events and events == ["flush", "call"] * (len(events) // 2), "a timed call without a flush before it"
+  assert len(events) // 2 == 3 * len(linear.ways(1, 64, 32)), "each way timed three times"
+  before = GlobalCounters.mem_used
+  flush = evictor()
+  assert GlobalCounters.mem_used == before, "a flush's buffer made before its first call"
+  flush()
+  assert GlobalCounters.mem_used >= before + measure.MEASURE_BYTES, "a flush reads less than MEASURE_BYTES"
 
 def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   """Causal attention of rows start..start+T-1 over the cache's first start positions and the block's own keys and

@@ -60,10 +60,10 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
            gelu:bool=False, residual:bool=False) -> str|tuple[int, int]|None:
   """The way T rows times these same-shape weights (and biases) run fastest in the form a block runs them (after the
   layer norms lns, one a weight; GELU; a residual add; output dtype), of those that compute what tinygrad's formula of
-  that form computes: each captured and timed over enough of the weights in turn (as in a pass, they stream from
-  memory) on rows shaped like the layer's inputs in GPT-2 (measure.activations() before a layer norm), once per
-  machine. The matvec kernel's later options are timed only while its first is close, and in a process where it lost
-  clearly to another role at this width, not at all."""
+  that form computes: each captured and timed over enough of the weights in turn, the caches flushed before each call
+  (as in a pass, they stream from memory), on rows shaped like the layer's inputs in GPT-2 (measure.activations()
+  before a layer norm), once per machine. The matvec kernel's later options are timed only while its first is close,
+  and in a process where it lost clearly to another role at this width, not at all."""
   (N, C), bias = weights[0].shape, biases is not None
   key = (T, N, C, x_dtype, weights[0].dtype, bias, Form(bool(lns), gelu, residual, dtype or x_dtype))
   if key not in use:
@@ -73,10 +73,13 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     weights = enough(weights)
     biases = biases[:len(weights)] if bias else [None] * len(weights)
     lns = lns[:len(weights)] if lns else [None] * len(weights)
+    evict = measure.evictor()
     def run(way):
       layers = list(zip(weights, biases, lns))
-      return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x)
-    code = [inspect.getsource(f) for f in (matvec.matvec_kernel, lanes.lanes_kernel, apply, norm.shift)]
+      return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x,
+                      before=evict)
+    measured = (matvec.matvec_kernel, lanes.lanes_kernel, apply, norm.shift, measure.evictor)
+    code = [inspect.getsource(f) for f in measured]
     candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
     ln_way = norm.use.get((T, C, x_dtype)) if lns[0] is not None else None   # what runs before: part of the cost
     use[key] = fastest("spec_linear", (key, ln_way, lanes.LAYOUTS, *code),

@@ -92,18 +92,21 @@ def machine_key(*what) -> str:
   key = (importlib.metadata.version("tinygrad"), Device.DEFAULT, target, *what)
   return hashlib.sha256(repr(key).encode()).hexdigest()
 
-def best_seconds(fn, reps:int=3) -> float:
-  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
-  def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
+def best_seconds(fn, reps:int=3, before=None) -> float:
+  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does; each
+  after before() (untimed) where given."""
+  def once() -> float:
+    if before: before()
+    t0 = synchronize(); fn(); return synchronize() - t0
   return min(once() for _ in range(reps))
 
-def captured(fn, *args) -> tuple[float, list[np.ndarray]]:
-  """fn(*args) (a list of Tensors) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3, and the
-  outputs of the last call."""
+def captured(fn, *args, before=None) -> tuple[float, list[np.ndarray]]:
+  """fn(*args) (a list of Tensors) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3, each
+  after before() where given, and the outputs of the last call."""
   step = TinyJit(fn)
   with Context(BEAM=0):
     for _ in range(2): step(*args)                 # a TinyJit captures on its second call
-  seconds = best_seconds(lambda: step(*args))
+  seconds = best_seconds(lambda: step(*args), before=before)
   return seconds, [t.numpy() for t in step(*args)]
 
 MEASURE_BYTES = 256 << 20   # a candidate is timed over this many bytes of weights (or all of them): past every cache
@@ -116,6 +119,17 @@ def enough(tensors:list[Tensor]) -> list[Tensor]:
     if total >= MEASURE_BYTES: break
     out.append(t); total += t.nbytes()
   return out
+
+def evictor():
+  """A function that reads MEASURE_BYTES of the device's memory through a buffer of its own (held while the function
+  is): run ahead of a timed call, it leaves none of the weights timed in a cache (a CPU's last level, a GPU's L2), so
+  that they stream from memory as in a pass, also a small model's, whose one role a cache would hold."""
+  evict, held = TinyJit(lambda x: x.sum().realize()), []
+  def run():
+    # made at the first call (a choice read from the disk times nothing); written: untouched pages all read one page
+    if not held: held.append(Tensor.zeros(MEASURE_BYTES // 4).contiguous().realize())
+    evict(held[0])
+  return run
 
 def random(*shape:int, dtype=dtypes.float32, seed:int=0, mean:float=0.0) -> Tensor:
   """Normal values of this mean from numpy (nothing compiled for them but a cast): a measurement's inputs, so that wrong
