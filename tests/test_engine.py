@@ -671,7 +671,8 @@ def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, 
   monkeypatch.setattr(matvec, "matvec_kernel", planted)
   monkeypatch.setattr(linear, "use", {})
   monkeypatch.setattr(linear, "lost", set())
-  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3: (fn(), 1.0)[1])   # run once: no verdict hangs on times
+  # run once: no verdict hangs on times
+  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
   f = lambda *shape: Tensor(rng.standard_normal(shape).astype(np.float32)).cast(half).realize()
   N, C = 16, 128
@@ -706,7 +707,8 @@ def test_an_attention_that_leaves_the_cache_unwritten_never_wins(monkeypatch, di
   if work_groups_or_none("chunks"): return
   monkeypatch.setattr(attention, "combine_kernel", combine_without_its_stores)
   monkeypatch.setattr(attention, "use", {})
-  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3: (fn(), 1.0)[1])   # run once: no verdict hangs on times
+  # run once: no verdict hangs on times
+  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   layers = [layer(2, 128, 16) for _ in range(2)]
   caches = [a.cache_kv.numpy().tobytes() for a in layers]   # bytes: an unwritten cache may hold NaN's patterns
   way = attention.choose(2, layers, dtypes.float32)
