@@ -256,9 +256,8 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
 def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
   """linear.choose() times every call of a candidate after measure.evictor()'s flush, a read of MEASURE_BYTES of the
   device's memory through a buffer of its own: a small model's weights are timed streaming from memory, as in a pass
-  (its whole model is past the caches), not from the cache that would hold one role's (a wrong choice otherwise, 2.9x
-  slower decodes of docs-deep on a CPU). The flush allocates nothing before it is called: a choice read from the disk
-  times nothing."""
+  (its whole model is past the caches), not from the cache that would hold one role's (docs/engine.md). The flush
+  allocates nothing before it is called: a choice read from the disk times nothing."""
   monkeypatch.setattr(linear, "use", {})
   monkeypatch.setattr(measure, "MEASURE_BYTES", 1 << 16)
   events, evictor = [], measure.evictor
