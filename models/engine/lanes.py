@@ -14,9 +14,10 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
 # a layout: (outputs at a time, partial sums per output, groups of those at a time): "lanes" reads 8 rows of the weight
-# at once, "four" 4, "row" one after another. clang's code for each is fastest for some shapes and widths, by up to 2.5x
-# (docs/engine.md), so linear.choose() measures them all
-LAYOUTS = {"lanes": (8, 4, 8), "four": (4, 4, 4), "row": (1, 8, 2)}
+# at once, "four" 4, "row" and "wide" one after another, "wide" into four float4 sums that do not wait on each other.
+# clang's code for each is fastest for some shapes and widths, by up to 2.5x (docs/engine.md), so linear.choose()
+# measures them all
+LAYOUTS = {"lanes": (8, 4, 8), "four": (4, 4, 4), "row": (1, 8, 2), "wide": (1, 16, 4)}
 
 def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T in dtype (default x's), accumulated in float32."""
