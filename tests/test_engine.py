@@ -71,6 +71,36 @@ def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir, mo
       # kernels split over the cores, which the runner's threads share (the lanes kernel, attention's 2 heads)
       assert NUM_CPU_THREADS.value == 1 or max(launch[2][0][0] for b in batches for launch in b.launches) > 1
 
+@pytest.mark.backend
+@pytest.mark.quick
+def test_a_step_called_again_on_its_inputs_skips_tinygrads_jit(tiny_dir, monkeypatch):
+  """A captured step called again on the same input Tensors runs its replay batches directly (replay.Shortcut), not
+  through TinyJit's call, and computes what TinyJit's call computes to the bit as the bound position moves; new input
+  Tensors go through TinyJit once, then have a shortcut of their own, and the first ones keep theirs."""
+  from tinygrad.engine.jit import _TinyJit
+  seq = [int(t) for t in np.random.default_rng(5).integers(0, 64, 12)]
+  entered, plain_call = [], _TinyJit.__call__
+  def spied(self, *args, **kwargs):
+    if entered: entered[-1] = True   # a step's call of this test's, not the prefill's
+    return plain_call(self, *args, **kwargs)
+  monkeypatch.setattr(_TinyJit, "__call__", spied)
+  def run() -> tuple[list[np.ndarray], list[bool]]:
+    entered.clear()
+    model = load(tiny_dir / "target")
+    model.prefill(seq[:4])
+    step, xs, out = model.jit(GPT2.forward, 1), [Tensor([[t]], dtype=dtypes.int32).realize() for t in seq[4:6]], []
+    for pos, i in ((4, 0), (5, 0), (6, 0), (7, 1), (8, 1), (9, 0), (10, 1)):
+      entered.append(False)
+      out.append(step(model, xs[i], model.positions.bind(pos)).numpy())
+    return out, list(entered)
+  got, through_jit = run()
+  assert through_jit == [True, False, False, True, False, False, False]
+  monkeypatch.setattr(replay, "shortcut", lambda captured, args: None)
+  expected, through_jit = run()
+  assert all(through_jit)
+  for a, b in zip(got, expected): np.testing.assert_array_equal(a, b)
+  assert len({a.tobytes() for a in got}) == len(got), "the same logits at another position"
+
 def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk):
   """native.choose() times a step by both ways (its batches run by the runner, or as replay.py replays them) and keeps
   the faster, once per machine and step: a second process measures nothing; another step measures again."""
