@@ -182,6 +182,22 @@ def test_lanes_kernel_computes_the_matmul(T):
   assert lanes.fits(36, 16, "four") and not lanes.fits(38, 16, "four") and not lanes.fits(36, 8, "four")
   assert lanes.fits(98, 64, "wide") and not lanes.fits(98, 48, "wide")
 
+@pytest.mark.backend
+@pytest.mark.parametrize("T", [1, 3])
+def test_lanes_gelu_kernel_finishes_the_layer(T):
+  """With GELU after it, the lanes kernel's sums are finished by gelu_kernel() (bias, GELU, the output dtype, in one
+  kernel of its own): GELU(x @ w.T + b), and without a bias GELU(x @ w.T), in the suite's dtype."""
+  rng = np.random.default_rng(T)
+  x, w, b = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
+             for shape in ((1, T, 64), (96, 64), (96,)))
+  xw = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
+  gelu = lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+  for bias, expected in ((b, gelu(xw + b.float().numpy())), (None, gelu(xw))):
+    got = lanes.linear(x, w, None, "row", bias, gelu=True)
+    assert got.shape == (1, T, 96) and got.dtype == x.dtype
+    assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance()
+  assert f"gelu_{T}_96" in {p.arg.name for p in to_program_cache.values()}
+
 def outputs(value:float): return [np.full((2, 3), value, np.float32)]
 
 def test_fastest_measures_once_per_machine(disk, capfd):

@@ -108,7 +108,7 @@ class Step:
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them
       if self.calls == 1: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
       # a later call on these inputs skips TinyJit's; a verify step's alternate (a draft's widths)
-      if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts[:SHORTCUTS - 1]]
+      if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts][:SHORTCUTS]
     return ret
 
 def graph():

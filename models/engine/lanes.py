@@ -52,12 +52,27 @@ def fits(N:int, C:int, layout:str="lanes") -> bool:
   outputs, lanes, groups = LAYOUTS[layout]
   return N % outputs == 0 and C % (groups * lanes) == 0
 
-def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes") -> Tensor:
-  """formula(x, w, dtype) by the lanes kernel in this layout."""
+def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
+  """out[t, n] = GELU(sum_l part[t, n, l] + bias[n]), float32 inside: the lanes kernel's sums finished with the bias
+  (where given) and GELU. No options: a plain loop over a row's outputs, which clang vectorizes whole; tinygrad's own
+  kernel for it, upcast by 4, renders GELU's exp as scalar code (docs/engine.md)."""
+  (T, N), L = out.shape, part.shape[2]
+  t, n, l = UOp.range(T, 0), UOp.range(N, 1), UOp.range(L, 2, AxisType.REDUCE)
+  y = part[t, n, l].reduce(l, arg=Ops.ADD)
+  if bias: y = y + bias[0][n].cast(dtypes.float32)
+  info = KernelInfo(name=f"gelu_{T}_{N}", opts_to_apply=())
+  return out[t, n].store(y.gelu().cast(out.dtype)).end(t, n).sink(arg=info)
+
+def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=None, gelu:bool=False) -> Tensor:
+  """formula(x, w, dtype) (+ b, then GELU, where given) by the lanes kernel in this layout."""
   *B, C = x.shape
   (T, N), (outputs, lanes, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
   kernel = functools.partial(lanes_kernel, threads=splits(N // outputs, x.device), layout=layout)
   part = out.custom_kernel(x.reshape(T, C), w, fxn=kernel)[0]
-  # the lanes summed outside, fused with what follows (bias, GELU, residual): inside, compilers kept them on the stack
-  return part.sum(-1).cast(dtype or x.dtype).reshape(*B, N)
+  if gelu:
+    y = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
+    return y.custom_kernel(part, *([] if b is None else [b]), fxn=gelu_kernel)[0].reshape(*B, N)
+  # the lanes summed outside, fused with what follows (bias, residual): inside, compilers kept them on the stack
+  y = part.sum(-1).cast(dtype or x.dtype).reshape(*B, N)
+  return y if b is None else y + b

@@ -29,9 +29,11 @@ def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool
   if way is ASK: way = chosen(x, w, b, dtype, ln, gelu, residual)
   if isinstance(way, tuple): return matvec.linear(x, w, b, dtype, way, ln, gelu, residual)
   if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
-  y = lanes.linear(x, w, dtype, way) if way in lanes.LAYOUTS else lanes.formula(x, w, dtype)
-  if b is not None: y = y + b
-  if gelu: y = y.gelu()
+  if way in lanes.LAYOUTS: y = lanes.linear(x, w, dtype, way, b, gelu)
+  else:
+    y = lanes.formula(x, w, dtype)
+    if b is not None: y = y + b
+    if gelu: y = y.gelu()
   return y if residual is None else residual + y
 
 class Form(NamedTuple):
@@ -78,7 +80,8 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
       layers = list(zip(weights, biases, lns))
       return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x,
                       before=evict)
-    measured = (matvec.matvec_kernel, lanes.lanes_kernel, apply, norm.shift, measure.evictor)
+    measured = (matvec.matvec_kernel, lanes.lanes_kernel, lanes.gelu_kernel, lanes.linear, apply, norm.shift,
+                measure.evictor)
     code = [inspect.getsource(f) for f in measured]
     candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
     ln_way = norm.use.get((T, C, x_dtype)) if lns[0] is not None else None   # what runs before: part of the cost

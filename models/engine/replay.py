@@ -82,8 +82,8 @@ def tensors(args:tuple) -> list[UOp]:
   return [t.uop for t in found]
 
 def shortcut(captured, args:tuple) -> Shortcut|None:
-  """A Shortcut for a captured TinyJit just called on args, where its batches all run on Replay graphs and it writes none
-  of its inputs (TinyJit copies those first)."""
+  """A Shortcut for a captured TinyJit just called on args, where its batches all run on Replay graphs and it writes
+  none of its inputs (TinyJit copies those first)."""
   calls = [c.src[0] for c in captured.linear.src]
   if not all(c.op is Ops.CUSTOM_FUNCTION and c.arg == "graph" for c in calls): return None
   runners = [get_graph_runtime(c) for c in calls]
