@@ -107,7 +107,7 @@ class Step:
         if self.path is not None: store.save(self.fn, self.model(), self.path)
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them
       if self.calls == 1: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
-      # a later call on these inputs skips TinyJit's; a verify step's alternate (a draft's widths)
+      # a later call on these inputs skips TinyJit's call; a few kept (a verify step's block: either draft width)
       if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts][:SHORTCUTS]
     return ret
 

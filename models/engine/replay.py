@@ -7,8 +7,7 @@ graph of their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner in
 """
 from __future__ import annotations
 import contextlib, time
-from tinygrad import Device, Context
-from tinygrad import Tensor, UOp
+from tinygrad import Tensor, UOp, Device, Context
 from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
 from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
 from tinygrad.uop.ops import Ops
