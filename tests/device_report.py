@@ -1,46 +1,53 @@
 #!/usr/bin/env python3
 """Measure spec on the device it runs on: one command for a GPU's user, and the source of every GPU figure in the docs.
 
-  DEV=CUDA python tests/device_report.py --out DIR      # about 9 minutes on a GPU (DEV pinned, as for spec.py)
-  python tests/device_report.py --out DIR --tiny        # every stage on tiny models: minutes (CI: the CPU)
-  python tests/device_report.py --pack DIR              # the shared deep pair packed to travel (float16, xz)
-  DEV=CUDA python tests/device_report.py --out DIR --pair PACKED/docs-deep PACKED/docs-draft --wheels WHEELS
+  DEV=CUDA python3 tests/device_report.py --out DIR     # 9-10 minutes on a GPU (DEV pinned, as for spec.py)
+  python3 tests/device_report.py --out DIR --tiny       # every stage on tiny models: minutes (CI: the CPU)
+  python3 tests/device_report.py --pack .pair           # the luggage for a GPU machine without network (below)
+  DEV=CUDA python3 tests/device_report.py --out DIR --pair .pair/docs-deep .pair/docs-draft --wheels .pair/wheels
 
 DIR holds two files, DIR/report.md and DIR/report.json (every figure, and what `gpu_profile.py --fit` reads), each
 replaced whole (never half written) whenever a stage adds a figure and when it ends: a run cut short keeps every
-figure taken, and each stage's status (running, done, cut at its limit, failed with its traceback's tail). Caches and
-scratch go elsewhere (--scratch). Stages, in order, each a process of its own with a time limit of its own, ended with
-the command:
-  device   the device, its renderer and compiler, tinygrad and Python, and a device copy's bandwidth: the floor's price
-  headline gpt2-xl's decode, engine and --plain, against the floor, in --dtype auto's dtype (float16 on a GPU), and the
-           trained deep pair's speculative speedup against the target alone (greedy, default flags; --pair, else
-           ../shared/models; --tiny: a tiny pair unless --pair)
+figure taken, each stage's status (running, done, cut at its limit, failed with its traceback's tail) and the stages
+planned but not reached. Caches and scratch go elsewhere (--scratch). Stages, in order, each a process of its own
+with a time limit of its own, ended with the command (the first three land within 5 minutes on a cold GPU):
+  device   the device, its renderer and compiler, tinygrad and Python, and a device copy's bandwidth, tinygrad's first
+           and PyTorch's after: the floor's price
+  headline gpt2-xl's decode (random weights of its shape) in float16 with --plain, then with the engine, then float32
+           both ways, each against the floor
+  pair     the trained deep pair's speculative speedup against the target alone (float16 where the device has it,
+           greedy, default flags; --pair, else ../shared/models; --tiny: a tiny pair unless --pair), saved per
+           generation
   passes   gpt2-xl's decode and 3-, 5-, 9-token passes and gpt2's decode, engine and --plain, both dtypes, beside the
            GPU profile's prediction (tests/gpu_profile.py); the engine with each table emptied in turn; one decode's
            kernels timed one by one, the memory flushed before each (and from the L2)
+  cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token, or none within
+           the stage's limit (at least COLD_WAIT seconds)
   speedup  dummy gpt2-xl/gpt2's speculative speedup at the seed's acceptance, predicted from measured passes, and the
            host's and the device's memory
   choice   the engine's choice step for gpt2-xl and gpt2 at widths 1 and 3, from a cache of its own (a first run's
            cost): each candidate's time, the step's wall time
-  cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token, or none within
-           the stage's limit
   kernels  every option of every engine kernel against its formula, at gpt2-xl's and gpt2's shapes, widths 1 3 5 16,
            float16 and float32: error and time a call
   search   gpt2's decode with tinygrad's BEAM search (--search 2): only when asked for (--stages ... search)
 The caches (tinygrad's, the engine's choices and stored steps) are the scratch folder's own: the first stages meet a
-first run's work. --wheels: a directory of wheels (tinygrad's) installed first where tinygrad cannot be imported (a
-machine without network). Exit 1 if a stage failed or was cut short.
+first run's work. --wheels: a directory of wheels (.whl, or .whl.xz as --pack writes them) installed first where
+tinygrad cannot be imported (a machine without network). Exit 1 if a stage failed, was cut short or was not reached.
 """
-import argparse, contextlib, json, math, os, pathlib, platform, shutil, signal, subprocess, sys, tempfile, threading
-import select, time, traceback
+import argparse, contextlib, hashlib, json, lzma, math, os, pathlib, platform, shutil, signal, subprocess, sys
+import tempfile, threading, select, time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
 
-# seconds each, the headline first; search (only when asked for: --stages) takes what is left of the budget
-STAGES = {"device": 30, "headline": 150, "passes": 90, "speedup": 45, "choice": 60, "cold": 90, "kernels": 75,
-          "search": 0}
-BUDGET = 540   # seconds for the whole report
+# seconds each, in order; search (only when asked for: --stages) takes what is left of the budget. On a cold H100
+# (docs/backends.md) the engine chose gpt2-xl's kernels in 26-42 s a width and captured a step in 10-17 s: the
+# headline's four decodes and the pair's steps each fit their limit, and both land by 300 s into the run
+STAGES = {"device": 25, "headline": 125, "pair": 140, "passes": 90, "cold": 150, "speedup": 45, "choice": 60,
+          "kernels": 75, "search": 0}
+BUDGET = 560   # seconds for the stages: a lease's command runs at most 600, the wheels' install first
+COLD_WAIT = 135   # the cold stage waits this long for a first token at least: the target is one within 2 minutes
+TRAVELS = 60 << 20   # what travels to a lent machine (the luggage and the code) stays under this: it carries 64 MiB
 TINY_SLACK = 3  # --tiny's limits are this many times the stages': a CPU compiles its kernels slowly, beside other work
 WIDTHS, PASS_WIDTHS, CHOICE_WIDTHS = (1, 3, 5, 16), (1, 3, 5, 9), (1, 3)
 TINY_WIDTHS = (1, 3)   # --tiny's kernels and passes: the paths all run, quickly
@@ -49,45 +56,62 @@ FLUSH = 256 << 20   # bytes read and written before a kernel's cold time: over 4
 # ***** the stages' environment *****
 
 def bootstrap(wheels:str|None) -> None:
-  """Where tinygrad cannot be imported and wheels are given, install them into a directory of the report's and run
-  again with it on the path (a GPU machine without network)."""
+  """Where tinygrad cannot be imported and wheels are given, install them (.whl, or .whl.xz unpacked first) into a
+  directory of the report's and run again with it on the path (a GPU machine without network)."""
   try: import tinygrad  # noqa: F401
   except ImportError:
     if not wheels: raise SystemExit("tinygrad is not installed: pip install -r requirements.txt, or give --wheels DIR")
     site = pathlib.Path(tempfile.mkdtemp(prefix="spec-wheels-"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site),
-                    *map(str, pathlib.Path(wheels).glob("*.whl"))], check=True)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    found = [*pathlib.Path(wheels).glob("*.whl")]
+    for packed in pathlib.Path(wheels).glob("*.whl.xz"):
+      found.append(site / packed.name.removesuffix(".xz"))
+      found[-1].write_bytes(lzma.decompress(packed.read_bytes()))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target",
+                    str(site / "lib"), *map(str, found)], check=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site / "lib"), os.environ.get("PYTHONPATH")]))
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
-def tokenizer_dir(pair, environment:str|None) -> str|None:
+def tokenizer_dir(pair, environment:str|None, scratch:pathlib.Path) -> str|None:
   """GPT-2's tokenizer for tiktoken: the environment's cache where it holds every file of the carried one (beside a
-  packed pair, or ../shared/models), else the carried one (a machine's own cache may lack GPT-2's)."""
+  packed pair, its files xz-compressed, or ../shared/models), else the carried one, unpacked into scratch (a machine's
+  own cache may lack GPT-2's)."""
   places = ([pathlib.Path(pair[0]).parent / "tiktoken"] if pair else []) + [SHARED / "tiktoken"]
-  carried = next((d for d in places if d.is_dir()), None)
-  has = lambda d: all((pathlib.Path(d) / f.name).is_file() for f in carried.iterdir())
-  if carried is None or (environment and has(environment)): return environment
-  return str(carried)
+  if (carried := next((d for d in places if d.is_dir()), None)) is None: return environment
+  names = [f.name.removesuffix(".xz") for f in carried.iterdir()]
+  if environment and all((pathlib.Path(environment) / n).is_file() for n in names): return environment
+  if all(not f.name.endswith(".xz") for f in carried.iterdir()): return str(carried)
+  (here := scratch / "tiktoken").mkdir(parents=True, exist_ok=True)
+  for f in carried.iterdir():
+    (here / f.name.removesuffix(".xz")).write_bytes(lzma.decompress(f.read_bytes()) if f.suffix == ".xz" else
+                                                    f.read_bytes())
+  return str(here)
 
 def environment(scratch:pathlib.Path, pair) -> dict[str, str]:
   """The stages' environment: caches of the report's own (tinygrad reads CACHEDB as it is imported), GPT-2's tokenizer,
   and tinygrad's bounds proofs off (they need z3, which a borrowed machine may lack; CI proves bounds on the CPU)."""
-  tiktoken = tokenizer_dir(pair, os.environ.get("TIKTOKEN_CACHE_DIR"))
+  tiktoken = tokenizer_dir(pair, os.environ.get("TIKTOKEN_CACHE_DIR"), scratch)
   return {**os.environ, "CACHEDB": str(scratch / "cache.db"), "SPEC_STEP_CACHE": str(scratch / "steps"),
           "CHECK_OOB": "0", "POCL_EXTRA_BUILD_FLAGS": os.environ.get("POCL_EXTRA_BUILD_FLAGS", "-w"),
           "PYTHONUNBUFFERED": "1", **({"TIKTOKEN_CACHE_DIR": tiktoken} if tiktoken else {})}
 
 def replace(path:pathlib.Path, text:str) -> None:
   """path's new text, whole or not at all: written beside it, then renamed over it."""
-  tmp = path.with_name(f".{path.name}.tmp")
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
   tmp.write_text(text)
   os.replace(tmp, path)
 
 def publish(out:pathlib.Path, scratch:pathlib.Path) -> None:
-  """DIR/report.json and DIR/report.md from every stage's figures so far."""
-  stages = {n: json.loads((scratch / f"{n}.json").read_text()) for n in STAGES if (scratch / f"{n}.json").is_file()}
-  replace(out / "report.json", json.dumps({"stages": stages}, indent=1, default=str))
-  replace(out / "report.md", "\n\n".join(MARKDOWN[n](d) + "\n\n" + status(d) for n, d in stages.items()) + "\n")
+  """DIR/report.json and DIR/report.md from every stage's figures so far, and the plan: the stages not reached."""
+  plan = json.loads((scratch / "plan.json").read_text()) if (scratch / "plan.json").is_file() else {}
+  planned = plan.get("stages", [n for n in STAGES if (scratch / f"{n}.json").is_file()])
+  stages = {n: json.loads((scratch / f"{n}.json").read_text()) for n in planned if (scratch / f"{n}.json").is_file()}
+  unreached = [n for n in planned if n not in stages]
+  floor = stages.get("device", {}).get("floor_bandwidth")
+  replace(out / "report.json", json.dumps({"plan": plan, "stages": stages, "not_reached": unreached}, indent=1,
+                                          default=str))
+  sections = [md_plan(plan, stages, unreached)] + \
+             [MARKDOWN[n](d, floor) + "\n\n" + status(d) for n, d in stages.items()]
+  replace(out / "report.md", "\n\n".join(sections) + "\n")
 
 def status(d:dict) -> str:
   s = d.get("status", "running")
@@ -144,9 +168,8 @@ def call_seconds(fn, *args, reps:int=5) -> float:
 # ***** (a) the device *****
 
 def device_stage(st:Stage) -> None:
-  from tinygrad import Tensor, TinyJit, Device
+  from tinygrad import Device
   import numpy as np, importlib.metadata
-  from spec import best_seconds
   dev = Device[Device.DEFAULT]
   info = dict(device=Device.DEFAULT, target=str(dev.renderer.target), renderer=type(dev.renderer).__name__,
               compiler=type(dev.compiler).__name__, dev=os.environ.get("DEV"),
@@ -154,29 +177,52 @@ def device_stage(st:Stage) -> None:
               host=platform.node(),
               processor=platform.processor() or platform.machine(), cores=os.cpu_count(), dtypes=dtype_names(),
               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), commit=git("rev-parse", "--short", "HEAD"),
-              modified=bool(git("status", "--porcelain", "--untracked-files=no")))
+              modified=bool(git("status", "--porcelain", "--untracked-files=no")), code=code_hash())
   if gpu := nvidia_smi("name,driver_version,memory.total"): info["gpu"] = gpu
   st.save(info=info)
   n = (16 if st.tiny else 1024) << 20
+  copies = {"tinygrad copy": tinygrad_copy(n)}
+  st.save(copy_bytes=n, copies=copies, floor_bandwidth=max(copies.values()))   # the floor, before PyTorch's import
+  if (torch_copy := pytorch_copy(n)) is not None:
+    copies |= torch_copy
+    st.save(copies=copies, floor_bandwidth=max(copies.values()))
+
+def tinygrad_copy(n:int) -> float:
+  """The bytes a second (read and written) of tinygrad's device copy of n bytes, the fastest of 5."""
+  from tinygrad import Tensor, TinyJit
+  from spec import best_seconds
   a, b = Tensor.ones(n // 4).contiguous().realize(), Tensor.zeros(n // 4).contiguous().realize()
   copy = TinyJit(lambda a: b.assign(a).realize())
   for _ in range(2): copy(a)
-  copies = {"tinygrad copy": 2 * n / best_seconds(lambda: copy(a), 5)}
-  with contextlib.suppress(Exception):   # PyTorch's, where it has this device (a GPU machine's image)
-    import torch
-    if torch.cuda.is_available() and Device.DEFAULT in ("CUDA", "NV"):
-      x, y = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-      times = []
-      for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(); y.copy_(x); end.record(); torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-      copies[f"PyTorch {torch.__version__} copy_"] = 2 * n / min(times)
-  st.save(copy_bytes=n, copies=copies, floor_bandwidth=max(copies.values()))
+  return 2 * n / best_seconds(lambda: copy(a), 5)
+
+def pytorch_copy(n:int) -> dict|None:
+  """PyTorch's device copy of n bytes (read and written), where it has this device (a GPU machine's image)."""
+  from tinygrad import Device
+  if Device.DEFAULT not in ("CUDA", "NV"): return None
+  try: import torch
+  except ImportError: return None
+  if not torch.cuda.is_available(): return None
+  x, y = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+  times = []
+  for _ in range(10):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); y.copy_(x); end.record(); torch.cuda.synchronize()
+    times.append(start.elapsed_time(end) / 1e3)
+  return {f"PyTorch {torch.__version__} copy_": 2 * n / min(times)}
 
 def git(*args) -> str:
-  out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+  """git's answer in the checkout; empty where it fails or there is no git (a lent machine gets the files alone)."""
+  try: out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+  except OSError: return ""
   return out.stdout.strip() if out.returncode == 0 else ""
+
+def code_hash() -> str:
+  """A hash of the code that runs (spec.py, models/, tests/): it names the code where no git says the commit (the
+  same function in a checkout matches it)."""
+  files = sorted([ROOT / "spec.py", *(ROOT / "models").rglob("*.py"), *(ROOT / "tests").glob("*.py")])
+  code = b"".join(f.relative_to(ROOT).as_posix().encode() + f.read_bytes() for f in files)
+  return hashlib.sha256(code).hexdigest()[:12]
 
 # ***** (b) every option of every kernel against its formula *****
 
@@ -285,23 +331,25 @@ def passes_stage(st:Stage) -> None:
   os.environ["SPEC_STEP_CACHE"] = ""   # each pass captured here: a stored one would bring other tables' kernels
   rows, tables = [], []
   st.save(profile_gpu=gpu_profile.use(nvidia_smi("name")))   # the profile's constants for this GPU (H100's elsewhere)
-  for name, widths in (("gpt2-xl", TINY_WIDTHS if st.tiny else PASS_WIDTHS), ("gpt2", (1,))):
-    for dtype in [auto_dtype()] if st.tiny else dtype_names():   # --tiny: the other stages' dtype, their choices cached
-      for plain in (False, True):
-        m = model(name, dtype, st.tiny, plain)
-        weights = {t.uop.buffer for k, t in get_state_dict(m).items() if "cache_kv" not in k}
-        floor = sum(b.nbytes for b in weights)
-        for T in widths:
-          ms = benchmark.forward_time(m, T) * 1e3
-          step = m.jit(GPT2.forward, T)
-          linear_ = (step.fn if hasattr(step, "fn") else step).captured.linear
-          calls = list(gpu_profile.kernel_calls(linear_))
-          predicted = sum(gpu_profile.profile_kernel(c, weights, {"start_pos": 100}) ["seconds"] for c in calls) * 1e3
-          rows.append(dict(model=name, dtype=dtype, layer="plain" if plain else "engine", T=T, ms=ms,
-                           kernels=len(calls), weight_bytes=floor, predicted_ms=predicted))
-          st.save(rows=rows)
-        del m; gc.collect()
-  name, dtype = "gpt2-xl", auto_dtype()
+  # gpt2-xl's passes in half with the engine first (a target: a 3- or 5-token pass within 1.25x the decode)
+  xl = TINY_WIDTHS if st.tiny else PASS_WIDTHS
+  for name, widths, dtype in [("gpt2-xl", xl, d) for d in dtype_names(st.tiny)] + \
+                             [("gpt2", (1,), d) for d in dtype_names(st.tiny)]:
+    for plain in (False, True):
+      m = model(name, dtype, st.tiny, plain)
+      weights = {t.uop.buffer for k, t in get_state_dict(m).items() if "cache_kv" not in k}
+      floor = sum(b.nbytes for b in weights)
+      for T in widths:
+        ms = benchmark.forward_time(m, T) * 1e3
+        step = m.jit(GPT2.forward, T)
+        linear_ = (step.fn if hasattr(step, "fn") else step).captured.linear
+        calls = list(gpu_profile.kernel_calls(linear_))
+        predicted = sum(gpu_profile.profile_kernel(c, weights, {"start_pos": 100}) ["seconds"] for c in calls) * 1e3
+        rows.append(dict(model=name, dtype=dtype, layer="plain" if plain else "engine", T=T, ms=ms,
+                         kernels=len(calls), weight_bytes=floor, predicted_ms=predicted))
+        st.save(rows=rows)
+      del m; gc.collect()
+  name, dtype = "gpt2-xl", dtype_names()[0]
   for module in (None, *engine.TABLES):   # the engine with each measured table emptied in turn
     emptied = engine.tables(lambda mod: engine.Ways(lambda key: None) if mod is module else mod.use)
     with emptied if module else contextlib.nullcontext():
@@ -343,40 +391,61 @@ def kernel_times(linear, weights:set) -> list[dict]:
                     predicted_us=model["seconds"] * 1e6, **features))
   return out
 
-# ***** (e) speculative sampling against the target alone *****
+# ***** (e) the headline, and speculative sampling against the target alone *****
 
 def headline_stage(st:Stage) -> None:
+  """gpt2-xl's decode in each dtype, half first, --plain before the engine (a fault in the engine's kernels, never run
+  on this device before, cannot take the plain figure with it), each row saved as it lands."""
   import gc
   import benchmark
   from tinygrad.nn.state import get_state_dict
-  dtype, decode = auto_dtype(), []
-  for plain in (False, True):
-    m = model("gpt2-xl", dtype, st.tiny, plain)
-    weights = sum(t.nbytes() for k, t in get_state_dict(m).items() if "cache_kv" not in k)
-    decode.append(dict(model="gpt2-xl", dtype=dtype, layer="plain" if plain else "engine", weight_bytes=weights,
-                       ms=benchmark.forward_time(m, 1) * 1e3))
-    st.save(decode=decode)
-    del m; gc.collect()
-  st.save(pair=pair_speedup(st), complete=True)
+  decode = []
+  for dtype in dtype_names():
+    for plain in (True, False):
+      m = model("gpt2-xl", dtype, st.tiny, plain)
+      weights = sum(t.nbytes() for k, t in get_state_dict(m).items() if "cache_kv" not in k)
+      decode.append(dict(model="gpt2-xl", dtype=dtype, layer="plain" if plain else "engine", weight_bytes=weights,
+                         ms=benchmark.forward_time(m, 1) * 1e3))
+      st.save(decode=decode, tiny=st.tiny)
+      del m; gc.collect()
+  st.save(complete=True)
 
-def pair_speedup(st:Stage) -> dict|None:
-  """The trained pair's greedy speculative sampling (K 2, block rule: spec.py's defaults) against the target alone."""
-  import benchmark, models, spec
+def pair_stage(st:Stage) -> None:
+  """The trained pair's greedy speculative sampling (K 2, block rule: spec.py's defaults) against the target alone, in
+  float16 where the device has it: prompt by prompt, each generation warmed on its prompt first (its prefill's widths),
+  then timed, the target alone and speculative in turn; the totals saved after each."""
+  import models, spec
   from conftest import PROMPTS
+  from tinygrad import Device
   pair = st.pair or ([SHARED / "docs-deep", SHARED / "docs-draft"] if (SHARED / "docs-deep").is_dir() else None)
-  with tempfile.TemporaryDirectory() as d:
-    if st.tiny and not st.pair: pair = tiny_pair(pathlib.Path(d))
-    if not pair: return None
-    target, draft = (models.load(str(unpacked(pathlib.Path(p), pathlib.Path(d)))) for p in pair)
-    prompts = [[models.EOT] + [t % target.cfg.vocab_size for t in range(5 * i + 1, 5 * i + 6)] for i in range(6)] \
-      if st.tiny else [models.tokenizer().encode(p) for p in PROMPTS[:6]]
-    n = 16 if st.tiny else 64
-    ar = benchmark.generate_all(lambda p, k: spec.autoregressive_generate(target, p, k, eos=None), prompts, n)
-    sp = benchmark.generate_all(lambda p, k: spec.speculative_generate(target, draft, p, 2, k, eos=None), prompts, n)
-    return dict(target=pathlib.Path(pair[0]).name, draft=pathlib.Path(pair[1]).name, dtype=target.dtype.name,
-                prompts=len(prompts), tokens=n, ar_tokens_per_s=ar[1] / ar[0], spec_tokens_per_s=sp[1] / sp[0],
-                speedup=(ar[0] / ar[1]) / (sp[0] / sp[1]),
-                alpha=sum(s.accepted for s in sp[2]) / max(1, sum(s.drafted for s in sp[2])), compiled=ar[3] + sp[3])
+  if st.tiny and not st.pair: pair = tiny_pair(st.scratch / "tiny-pair")
+  if not pair: return st.save(pair=None, complete=True)
+  dtype = dtype_names()[0]
+  target, draft = (models.load(str(unpacked(pathlib.Path(p), st.scratch)), dtype) for p in pair)
+  prompts = [[models.EOT] + [t % target.cfg.vocab_size for t in range(5 * i + 1, 5 * i + 6)] for i in range(4)] \
+    if st.tiny else [models.tokenizer().encode(p) for p in PROMPTS[:6]]
+  n = 16 if st.tiny else 64
+  runs = {"target alone": lambda p, k: spec.autoregressive_generate(target, p, k, eos=None),
+          "speculative": lambda p, k: spec.speculative_generate(target, draft, p, 2, k, eos=None)}
+  done = {name: dict(seconds=0.0, tokens=0, drafted=0, accepted=0) for name in runs}
+  result = dict(target=pathlib.Path(pair[0]).name, draft=pathlib.Path(pair[1]).name, dtype=dtype,
+                tokens_each=n, prompts=0, K=2, rule="block")
+  outputs = {}
+  for prompt in prompts:
+    for name, run in runs.items():
+      run(prompt, 2)
+      Device[Device.DEFAULT].synchronize()
+      tokens, stats = run(prompt, n)
+      outputs[name] = tokens
+      d = done[name]
+      d["seconds"], d["tokens"] = d["seconds"] + stats.time_total, d["tokens"] + len(tokens)
+      d["drafted"], d["accepted"] = d["drafted"] + stats.drafted, d["accepted"] + stats.accepted
+    alone, spec_ = (done[k]["tokens"] / done[k]["seconds"] for k in runs)
+    result.update(prompts=result["prompts"] + 1, ar_tokens_per_s=alone, spec_tokens_per_s=spec_, speedup=spec_ / alone,
+                  alpha=done["speculative"]["accepted"] / max(1, done["speculative"]["drafted"]),
+                  identical=result.get("identical", True) and outputs["target alone"] == outputs["speculative"])
+    st.save(pair=result)
+  st.save(complete=True)
 
 def speedup_stage(st:Stage) -> None:
   from tinygrad.helpers import GlobalCounters
@@ -412,25 +481,34 @@ def tiny_pair(root:pathlib.Path) -> list[pathlib.Path]:
 # ***** (f) a cold run's first token *****
 
 def cold_stage(st:Stage) -> None:
+  """spec.py's first run from empty caches: the seconds to its first token, waited for up to the stage's limit (at least
+  COLD_WAIT: the parent runs the stage only with that much left); the run ended here whatever happens."""
   with tempfile.TemporaryDirectory() as d:
     env = {**os.environ, "CACHEDB": os.path.join(d, "cache.db"), "SPEC_STEP_CACHE": os.path.join(d, "steps")}
     if st.tiny: target, draft = tiny_pair(pathlib.Path(d))
     else: target, draft = "gpt2-xl", "gpt2"
     cmd = [sys.executable, str(ROOT / "spec.py"), "--target", str(target), "--draft", str(draft), "-K", "2", "-n", "16",
            "--prompt", "The Python interpreter"] + ([] if st.tiny else ["--dummy-weights"])
-    wait = max(5.0, st.limit - 15)   # ended here, within the stage's limit: "no token within" says how far it got
-    t0 = time.perf_counter()
+    wait = max(5.0, st.limit - 10)   # ended here, within the stage's limit: "no token within" says how far it got
+    t0, first, rest = time.perf_counter(), b"", b""
     with open(os.path.join(d, "stderr"), "wb") as err:
       proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
-      # the header and the first token come together (spec.Printer)
-      first = proc.stdout.read(1) if select.select([proc.stdout], [], [], wait)[0] else b""
-      first_token_s = time.perf_counter() - t0
-      if not first: proc.kill()
-      rest = proc.communicate(timeout=max(1.0, wait - first_token_s))[0] if first else b""
-    notices = [l for l in pathlib.Path(d, "stderr").read_text(errors="replace").splitlines() if l.startswith("spec")]
+      try:
+        # the header and the first token come together (spec.Printer)
+        first = proc.stdout.read(1) if select.select([proc.stdout], [], [], wait)[0] else b""
+        first_token_s = time.perf_counter() - t0
+        if first:
+          with contextlib.suppress(subprocess.TimeoutExpired): rest = proc.communicate(timeout=wait - first_token_s)[0]
+      finally:
+        if killed := proc.poll() is None: proc.kill()
+        proc.wait()
+    stderr = pathlib.Path(d, "stderr").read_text(errors="replace").splitlines()
+    # done: the run ended, or was ended here (a first token, or none within the wait: either is the figure)
     st.save(command=" ".join(cmd[1:]), first_token_s=first_token_s if first else None, total_s=time.perf_counter() - t0,
-            returncode=proc.returncode, notices=notices, output=(first + rest).decode(errors="replace")[-2000:],
-            waited_s=wait, complete=proc.returncode == 0 or not first)
+            returncode=proc.returncode, ended_here=killed, notices=[l for l in stderr if l.startswith("spec")],
+            output=(first + rest).decode(errors="replace")[-2000:], waited_s=wait,
+            complete=proc.returncode == 0 or killed, **({} if proc.returncode == 0 or killed else
+                                                        {"error": "\n".join(stderr[-8:])}))
 
 # ***** (g) BEAM search *****
 
@@ -455,17 +533,30 @@ def table(header:list[str], rows:list[list]) -> str:
 
 def fmt(v, spec_:str=".2f") -> str: return "-" if v is None else format(v, spec_)
 
-def md_device(d) -> str:
+def ratio(ms:float, nbytes:int, floor:float|None) -> str:
+  """A pass's time over its weights' bytes at the floor's rate."""
+  return f"{ms / 1e3 / (nbytes / floor):.2f}" if floor else "-"
+
+def md_plan(plan:dict, stages:dict, unreached:list[str]) -> str:
+  info = stages.get("device", {}).get("info", {})
+  commit = info.get("commit") or "unknown (no git where it ran)"
+  head = f"# spec on {info.get('gpu') or info.get('device', 'this device')}\n\n" \
+         f"{info.get('date', plan.get('started'))}, " \
+         f"commit {commit}{' (modified)' if info.get('modified') else ''}, code {info.get('code', '-')}" + \
+         (", tiny models (--tiny)" if plan.get("tiny") else "") + \
+         f"; stages planned: {', '.join(plan.get('stages', stages))} ({plan.get('budget', 0):.0f} s)."
+  return head + (f" **Not reached: {', '.join(unreached)}.**" if unreached else "")
+
+def md_device(d, floor) -> str:
   i, c = d.get("info", {}), d.get("copies", {})
-  head = f"{i.get('date')}, commit {i.get('commit')}{' (modified)' if i.get('modified') else ''}: {i.get('device')} " \
-         f"({i.get('target')}; DEV={i.get('dev')}, {i.get('renderer')} and {i.get('compiler')}), " \
-         f"{i.get('gpu', i.get('processor'))}, {i.get('cores')} cores; " \
-         f"Python {i.get('python')}, " \
+  head = f"{i.get('device')} ({i.get('target')}; DEV={i.get('dev')}, {i.get('renderer')} and {i.get('compiler')}), " \
+         f"{i.get('gpu', i.get('processor'))}, {i.get('cores')} cores; Python {i.get('python')}, " \
          f"tinygrad {i.get('tinygrad')}, dtypes {', '.join(i.get('dtypes', []))}."
   copies = [f"- {k}: {v / 1e12:.3f} TB/s (read and written, {d['copy_bytes'] >> 20} MiB)" for k, v in c.items()]
-  return "\n\n".join(["## Device", head, "\n".join(copies)])
+  floor_line = f"\n\nThe floor: {floor / 1e12:.3f} TB/s, the fastest copy." if floor else ""
+  return "\n\n".join(["## Device", head, "\n".join(copies) + floor_line])
 
-def md_kernels(d) -> str:
+def md_kernels(d, floor) -> str:
   rows = d.get("rows", [])
   bad = [r for r in rows if not r.get("ok")]
   out = [f"## Every kernel option against its formula\n\n{len(rows)} runs, {len(bad)} wrong or failed."]
@@ -476,7 +567,7 @@ def md_kernels(d) -> str:
                    [what(r) + [r["shape"], fmt(r.get("error"), ".1e"), fmt(r.get("us"), ".1f")] for r in rows]))
   return "\n\n".join(out)
 
-def md_choice(d) -> str:
+def md_choice(d, floor) -> str:
   auto = f"`--dtype auto`: {d.get('auto_dtype')} ({fmt(d.get('half_pays_s'), '.1f')} s to measure)."
   out = [f"## The choice step\n\n{auto}"]
   ms = lambda k, v: f"{k} {v * 1e3:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -487,13 +578,15 @@ def md_choice(d) -> str:
                table(["choice", "chosen", "candidates (ms)", "s"], rows))
   return "\n\n".join(out)
 
-def md_passes(d) -> str:
-  floor = lambda r: fmt(r["ms"] / 1e3 / (r["weight_bytes"] / FLOOR[0])) if FLOOR[0] else "-"
-  rows = [[r["model"], r["dtype"], r["layer"], r["T"], f"{r['ms']:.3f}", floor(r), r["kernels"],
-           f"{r['predicted_ms']:.3f}", f"{r['ms'] / r['predicted_ms']:.2f}"] for r in d.get("rows", [])]
-  out = ["## Passes", table(["model", "dtype", "layer", "T", "ms", "x the floor", "kernels",
-                             f"profile ms ({d.get('profile_gpu', 'H100')}'s)",
-                             "measured / profile"], rows)]
+def md_passes(d, floor) -> str:
+  decode = {(r["model"], r["dtype"], r["layer"]): r["ms"] for r in d.get("rows", []) if r["T"] == 1}
+  rows = [[r["model"], r["dtype"], r["layer"], r["T"], f"{r['ms']:.3f}", ratio(r["ms"], r["weight_bytes"], floor),
+           fmt(r["ms"] / decode[r["model"], r["dtype"], r["layer"]] if (r["model"], r["dtype"], r["layer"]) in decode
+               else None), r["kernels"], f"{r['predicted_ms']:.3f}", f"{r['ms'] / r['predicted_ms']:.2f}"]
+          for r in d.get("rows", [])]
+  out = ["## Passes (random weights of each model's shape)",
+         table(["model", "dtype", "layer", "T", "ms", "x the floor", "x its decode", "kernels",
+                f"profile ms ({d.get('profile_gpu', 'H100')}'s)", "measured / profile"], rows)]
   if d.get("emptied"):
     out.append("The engine with one measured table emptied (its kernels tinygrad's):\n\n" +
                table(["model", "dtype", "table emptied", "T", "ms"],
@@ -506,18 +599,25 @@ def md_passes(d) -> str:
                      [[r["name"], f"{r['us']:.1f}", fmt(r.get("hot_us"), ".1f"), f"{r['predicted_us']:.1f}"] for r in k]))
   return "\n\n".join(out)
 
-def md_headline(d) -> str:
-  floor = lambda r: f"{r['ms'] / 1e3 / (r['weight_bytes'] / FLOOR[0]):.2f}" if FLOOR[0] else "-"
-  rows = [[r["model"], r["dtype"], r["layer"], f"{r['ms']:.3f}", floor(r)] for r in d.get("decode", [])]
-  out = ["## Headline", table(["model", "dtype", "layer", "decode ms", "x the floor"], rows)]
-  if p := d.get("pair"):
-    out.append(f"{p['target']} / {p['draft']}, {p['dtype']}, greedy, K 2 (block), {p['prompts']} prompts x "
-               f"{p['tokens']} tokens: **{p['speedup']:.2f}x** the target alone ({p['spec_tokens_per_s']:.1f} against "
-               f"{p['ar_tokens_per_s']:.1f} tokens/s), alpha {p['alpha']:.3f}, {p['compiled']} kernels compiled "
-               "while timed")
-  return "\n\n".join(out)
+def md_headline(d, floor) -> str:
+  rows = [[r["model"], r["dtype"], r["layer"], f"{r['ms']:.3f}", ratio(r["ms"], r["weight_bytes"], floor),
+           f"{r['weight_bytes'] / 1e9:.3f}"] for r in d.get("decode", [])]
+  shape = "a tiny model standing in for gpt2-xl (--tiny)" if d.get("tiny") else "gpt2-xl's shape (48 layers x 1600)"
+  return "\n\n".join([f"## Headline: gpt2-xl's decode\n\nRandom weights of {shape}: the speed of real weights, not "
+                       "their text. A one-token pass after 100 positions, the fastest of 5.",
+                       table(["model", "dtype", "layer", "decode ms", "x the floor", "weights GB"], rows)])
 
-def md_speedup(d) -> str:
+def md_pair(d, floor) -> str:
+  if not (p := d.get("pair")): return "## The deep pair\n\nNo pair: --pair, or ../shared/models/docs-deep beside it."
+  same = "identical" if p.get("identical") else \
+    "not identical (float16: a pass of 3 tokens rounds otherwise than a decode)"
+  return (f"## The deep pair\n\n{p['target']} / {p['draft']} (trained), {p['dtype']}, greedy, K {p['K']} "
+          f"({p['rule']}), "
+          f"{p['prompts']} prompts x {p['tokens_each']} tokens: **{p['speedup']:.2f}x** the target alone "
+          f"({p['spec_tokens_per_s']:.1f} against {p['ar_tokens_per_s']:.1f} tokens/s), alpha {p['alpha']:.3f}; "
+          f"the greedy outputs {same}.")
+
+def md_speedup(d, floor) -> str:
   out = ["## Speculative sampling against the target alone, predicted"]
   if m := d.get("dummy"):
     verify = ", ".join(f"{int(k) + 1}: {v:.3f} ms" for k, v in m["t_verify_ms"].items())
@@ -530,61 +630,97 @@ def md_speedup(d) -> str:
                f"{m['device_bytes'] / 1e9:.2f} GB allocated by tinygrad on the device")
   return "\n\n".join(out)
 
-def md_cold(d) -> str:
+def md_cold(d, floor) -> str:
   first = f"first token after **{fmt(d.get('first_token_s'), '.1f')} s**" if d.get("first_token_s") is not None else \
           f"**no token within {fmt(d.get('waited_s'), '.0f')} s**"
-  return f"## A cold run\n\n`{d.get('command')}`: {first}, " \
-         f"done after {fmt(d.get('total_s'), '.1f')} s (exit {d.get('returncode')}).\n\n" + \
+  ended = " (ended here)" if d.get("ended_here") else ""
+  return f"## A cold run\n\n`{d.get('command')}`, every cache empty: {first}, " \
+         f"done after {fmt(d.get('total_s'), '.1f')} s (exit {d.get('returncode')}{ended}).\n\n" + \
          "\n".join(f"    {n}" for n in d.get("notices", []))
 
-def md_search(d) -> str:
+def md_search(d, floor) -> str:
   rows = [[r["model"], r["dtype"], r["search"], f"{r['decode_ms']:.3f}", f"{r['first_call_s']:.1f}"]
           for r in d.get("rows", [])]
   return "## BEAM search\n\n" + table(["model", "dtype", "--search", "decode ms", "first call s"], rows)
 
-MARKDOWN = {"device": md_device, "headline": md_headline, "kernels": md_kernels, "choice": md_choice,
+MARKDOWN = {"device": md_device, "headline": md_headline, "pair": md_pair, "kernels": md_kernels, "choice": md_choice,
             "passes": md_passes, "speedup": md_speedup, "cold": md_cold, "search": md_search}
-FLOOR = [0.0]   # the device stage's floor bandwidth, for the passes' table
 
-# ***** packing the deep pair to travel *****
+# ***** the luggage for a lent machine without network *****
 
-def pack(out:pathlib.Path, names=("docs-deep", "docs-draft")) -> None:
-  """The shared deep pair as it travels to a machine of limited upload: float16, each weight's two bytes in planes,
-  xz-compressed (59 MB for both, against 147 MB of float32), with GPT-2's tokenizer beside them."""
-  import lzma, numpy as np
+def pack(out:pathlib.Path, names=("docs-deep", "docs-draft")) -> int:
+  """What a lent GPU machine without network needs beside the code, into out: the shared deep pair in float16 (each
+  matrix column by column, the weights' high bytes xz-compressed, the low bytes, which do not compress, as they are),
+  GPT-2's tokenizer and tinygrad's wheel (as installed here, xz-compressed). Returns the bytes that travel with the
+  code (the luggage and the files git would send), which a lent machine carries up to 64 MiB of."""
+  import numpy as np
   from conftest import read_safetensors
   for name in names:
     stored = read_safetensors(SHARED / name / "model.safetensors")
     weights = {k: v for k, v in stored.items() if not k.endswith(".attn.bias")}   # the causal mask: not a weight
-    raw = np.frombuffer(b"".join(v.astype(np.float16).tobytes() for v in weights.values()), np.uint8).reshape(-1, 2)
+    # a column's exponents are alike (a row of wte spans every dimension's scale): 3% fewer bytes compressed
+    columns = [np.ascontiguousarray(v.T) if v.ndim == 2 else v for v in weights.values()]
+    raw = np.frombuffer(b"".join(v.astype(np.float16).tobytes() for v in columns), np.uint8).reshape(-1, 2)
     (d := out / name).mkdir(parents=True, exist_ok=True)
     shutil.copy(SHARED / name / "config.json", d / "config.json")
     (d / "shapes.json").write_text(json.dumps({k: list(v.shape) for k, v in weights.items()}))
-    (d / "weights.xz").write_bytes(lzma.compress(raw[:, 1].tobytes() + raw[:, 0].tobytes(), preset=6))
-  shutil.copytree(SHARED / "tiktoken", out / "tiktoken", dirs_exist_ok=True)   # GPT-2's tokenizer, for the prompts
+    (d / "high.xz").write_bytes(lzma.compress(raw[:, 1].tobytes()))
+    (d / "low.bin").write_bytes(raw[:, 0].tobytes())
+  (tok := out / "tiktoken").mkdir(parents=True, exist_ok=True)
+  for f in (SHARED / "tiktoken").iterdir(): (tok / f"{f.name}.xz").write_bytes(lzma.compress(f.read_bytes()))
+  (out / "wheels").mkdir(parents=True, exist_ok=True)
+  (out / "wheels" / f"{wheel('tinygrad').name}.xz").write_bytes(lzma.compress(wheel("tinygrad").read_bytes()))
+  code = git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+  travels = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) + \
+            sum((ROOT / f).stat().st_size for f in code if f and (ROOT / f).is_file()
+                and not (ROOT / f).resolve().is_relative_to(out.resolve()))
+  print(f"{out}: what travels, with the code: {travels / 2**20:.1f} MiB of the 64 MiB a call carries (at most "
+        f"{TRAVELS / 2**20:.0f} MiB here)")
+  return travels
 
-def unpacked(path:pathlib.Path, tmp:pathlib.Path) -> pathlib.Path:
-  """A packed checkpoint (pack()) as a checkpoint directory (float16 safetensors); any other path as it is."""
-  if not (path / "weights.xz").is_file(): return path
-  import lzma, numpy as np, struct
+def wheel(dist:str) -> pathlib.Path:
+  """An installed distribution as its wheel, uncompressed (xz compresses the whole better), in a temporary folder."""
+  import importlib.metadata, zipfile
+  d = importlib.metadata.distribution(dist)
+  whl = pathlib.Path(tempfile.mkdtemp(prefix="spec-wheel-")) / f"{dist}-{d.version}-py3-none-any.whl"
+  with zipfile.ZipFile(whl, "w", zipfile.ZIP_STORED) as z:
+    for f in d.files:
+      path = d.locate_file(f)
+      if not str(f).startswith("..") and f.suffix != ".pyc" and path.is_file(): z.write(path, str(f))
+  return whl
+
+def unpacked(path:pathlib.Path, scratch:pathlib.Path) -> pathlib.Path:
+  """A packed checkpoint (pack()) as a checkpoint directory (float16 safetensors) in scratch, made once; any other
+  path as it is."""
+  if not (path / "high.xz").is_file(): return path
+  import numpy as np, struct
+  if ((d := scratch / "unpacked" / path.name) / "model.safetensors").is_file(): return d
   shapes = json.loads((path / "shapes.json").read_text())
-  planes = np.frombuffer(lzma.decompress((path / "weights.xz").read_bytes()), np.uint8)
-  half = np.stack([planes[len(planes) // 2:], planes[:len(planes) // 2]], 1).reshape(-1).view(np.float16)
+  high = np.frombuffer(lzma.decompress((path / "high.xz").read_bytes()), np.uint8)
+  half = np.stack([np.fromfile(path / "low.bin", np.uint8), high], 1).reshape(-1).view(np.float16)
   header, blobs, offset = {}, [], 0
   for k, shape in shapes.items():
     n = math.prod(shape)
-    blobs.append(half[offset:offset + n].tobytes()); offset += n
+    v = half[offset:offset + n].reshape(shape[::-1] if len(shape) == 2 else shape)
+    blobs.append((v.T if len(shape) == 2 else v).tobytes()); offset += n
     header[k] = {"dtype": "F16", "shape": shape, "data_offsets": [sum(map(len, blobs[:-1])), sum(map(len, blobs))]}
-  (d := tmp / path.name).mkdir(exist_ok=True)
+  d.mkdir(parents=True, exist_ok=True)
   shutil.copy(path / "config.json", d / "config.json")
   h = json.dumps(header).encode()
-  (d / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+  replace_bytes(d / "model.safetensors", struct.pack("<Q", len(h)) + h + b"".join(blobs))
   return d
+
+def replace_bytes(path:pathlib.Path, data:bytes) -> None:
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_bytes(data)
+  os.replace(tmp, path)
 
 # ***** the command *****
 
-RUN = {"device": device_stage, "headline": headline_stage, "kernels": kernels_stage, "choice": choice_stage,
-       "passes": passes_stage, "speedup": speedup_stage, "cold": cold_stage, "search": search_stage}
+RUN = {"device": device_stage, "headline": headline_stage, "pair": pair_stage, "kernels": kernels_stage,
+       "choice": choice_stage, "passes": passes_stage, "speedup": speedup_stage, "cold": cold_stage,
+       "search": search_stage}
+MINIMUM = {"cold": COLD_WAIT + 10}   # a stage's least useful limit: with less left it is not run (5 s otherwise)
 
 def watch(parent:int) -> None:
   """A stage ends with the command that started it: killed with its process group (its own runs of spec.py) once
@@ -597,7 +733,6 @@ def watch(parent:int) -> None:
 def run_stage(args, out:pathlib.Path, scratch:pathlib.Path) -> int:
   """One stage, in this process (a child of the command): its figures saved as they come, a failure's traceback."""
   watch(args.parent)
-  with contextlib.suppress(Exception): FLOOR[0] = json.loads((scratch / "device.json").read_text())["floor_bandwidth"]
   st = Stage(out, scratch, args.stage, args.tiny, args.pair)
   st.limit = args.limit
   st.save()
@@ -615,18 +750,19 @@ def main() -> int:
   ap.add_argument("--tiny", action="store_true", help="tiny models in every stage: minutes on any device")
   ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=[s for s in STAGES if s != "search"],
                   help="the stages to run, in their order (default: all but search)")
-  ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for the whole report (default {BUDGET})")
+  ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for the stages (default {BUDGET})")
   ap.add_argument("--pair", nargs=2, metavar=("TARGET", "DRAFT"), help="the trained pair, as checkpoint directories or "
                   "packed by --pack (default: ../shared/models/docs-deep and docs-draft where they are)")
   ap.add_argument("--slack", type=float, default=0, help="multiply every stage's time limit and the budget by this "
                   f"(default 1, --tiny {TINY_SLACK}; a CPU runs the full report in hours, not minutes)")
-  ap.add_argument("--pack", metavar="DIR", help="pack the shared deep pair into DIR to travel, and exit")
+  ap.add_argument("--pack", metavar="DIR", help="pack the luggage for a lent machine without network into DIR (the "
+                  "shared deep pair, GPT-2's tokenizer, tinygrad's wheel), say what travels, and exit")
   ap.add_argument("--wheels", metavar="DIR", help="wheels to install where tinygrad cannot be imported")
   ap.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)   # one stage, in this process
   ap.add_argument("--parent", type=int, help=argparse.SUPPRESS)              # the command's pid, for the stage
   ap.add_argument("--limit", type=float, default=0, help=argparse.SUPPRESS)   # the stage's time limit
   args = ap.parse_args()
-  if args.pack: pack(pathlib.Path(args.pack)); return 0
+  if args.pack: return 0 if pack(pathlib.Path(args.pack)) <= TRAVELS else 1
   if not args.out: ap.error("--out DIR is required")
   bootstrap(args.wheels)
   out = pathlib.Path(args.out)
@@ -636,11 +772,16 @@ def main() -> int:
   env, t_start, failed = environment(scratch, args.pair), time.perf_counter(), []
   scale = args.slack or (TINY_SLACK if args.tiny else 1)
   budget = args.budget * scale
+  replace(scratch / "plan.json", json.dumps(dict(stages=args.stages, budget=budget, tiny=args.tiny,
+                                                 started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))))
+  publish(out, scratch)
   for name in args.stages:
     left = budget - (time.perf_counter() - t_start)
     limit = min(STAGES[name] * scale or left, left)
-    if limit < 5:
-      print(f"{name}: not run, {left:.0f} s of the budget left", flush=True); failed.append(name); continue
+    if limit < MINIMUM.get(name, 5):
+      skipped = dict(stage=name, complete=False, status=f"not run: {left:.0f} s of the budget left", limit=limit)
+      replace(scratch / f"{name}.json", json.dumps(skipped)); publish(out, scratch)
+      print(f"{name}: {skipped['status']}", flush=True); failed.append(name); continue
     cmd = [sys.executable, __file__, "--stage", name, "--out", str(out), "--scratch", str(scratch), "--parent",
            str(os.getpid()), "--limit", str(limit)] + (["--tiny"] if args.tiny else []) + \
           (["--pair", *args.pair] if args.pair else [])
@@ -649,8 +790,9 @@ def main() -> int:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=stage_env, start_new_session=True)
     try: code = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL); proc.wait(); code = None
+    except subprocess.TimeoutExpired: code = None
+    with contextlib.suppress(ProcessLookupError): os.killpg(proc.pid, signal.SIGKILL)   # what it started, too
+    proc.wait()
     seconds = time.perf_counter() - t0
     path = scratch / f"{name}.json"
     data = json.loads(path.read_text()) if path.is_file() else {"stage": name, "complete": False}
@@ -661,7 +803,7 @@ def main() -> int:
     publish(out, scratch)
     print(f"{name}: {data['status']} in {seconds:.0f} s (limit {limit:.0f} s)", flush=True)
     if not ok: failed.append(name)
-  ended = f"failed or cut: {', '.join(failed)}" if failed else "all complete"
+  ended = f"failed, cut or not run: {', '.join(failed)}" if failed else "all complete"
   print(f"{out / 'report.md'}: {len(args.stages)} stages; {ended}")
   return 1 if failed else 0
 
