@@ -248,22 +248,23 @@ def kernels_stage(st:Stage) -> None:
                ({"residual": r(1, T, N, seed=6)} if ctx.get("residual") else {}) | \
                ({"b": b} if ctx.get("bias", True) else {})
           run = lambda way, pos: linear.apply(x, w, way=way, **kw)
-          rows += compare(f"linear {role}", (N, Cin), T, dtype, name, run, linear.ways(T, N, Cin))
+          rows += compare(f"linear {role}", (N, Cin), T, dtype, name, run, linear.ways(T, N, Cin), length=Cin)
         cfg1 = models.GPT2Config(n_layer=1, n_head=H, n_embd=C, n_positions=P)
         attn = models.gpt2.Attention(cfg1, models.DTYPES[dtype])
         attn.cache_kv, qkv = r(2, 1, H, P, D, seed=7), r(1, T, 3 * C, seed=8)
         rows += compare("attention", (H, D, P // 4), T, dtype, name,
                         lambda way, pos: attention.apply(attn, qkv, pos, way), attention.ways(D),
-                        UOp.variable("pos", 0, P - T).bind(P // 4))
+                        UOp.variable("pos", 0, P - T).bind(P // 4), length=P)
         x = r(1, T, C, seed=9) * 3 + 20
         rows += compare("layer norm", (C,), T, dtype, name,
-                        lambda way, pos: norm.layer_norm(x, ln.weight, ln.bias, 1e-5, way), norm.ways(C))
+                        lambda way, pos: norm.layer_norm(x, ln.weight, ln.bias, 1e-5, way), norm.ways(C), length=C)
         st.save(rows=rows)
   st.save(rows=rows, complete=True)
 
-def compare(kernel:str, shape:tuple, T:int, dtype:str, name:str, run, ways:list, pos=None) -> list[dict]:
-  """Each way of ways against the first (tinygrad's, the reference): error and time a call. run(way, pos) computes it,
-  pos a bound variable (attention's position; a captured call takes it as an argument) or None."""
+def compare(kernel:str, shape:tuple, T:int, dtype:str, name:str, run, ways:list, pos=None, length:int=1) -> list[dict]:
+  """Each way of ways against the first (tinygrad's, the reference): error (within measure.tolerance() of a reduction
+  of length) and time a call. run(way, pos) computes it, pos a bound variable (attention's position; a captured call
+  takes it as an argument) or None."""
   from models.engine import measure
   from tinygrad import dtypes as dt
   reference, rows = run(ways[0], pos).float().numpy(), []
@@ -272,7 +273,7 @@ def compare(kernel:str, shape:tuple, T:int, dtype:str, name:str, run, ways:list,
     try:
       got = run(way, pos).float().numpy()
       row["error"] = measure.error([got], [reference])
-      row["ok"] = row["error"] <= measure.TOLERANCE[getattr(dt, dtype)]
+      row["ok"] = row["error"] <= measure.tolerance(getattr(dt, dtype), length)
       row["us"] = (call_seconds(lambda p: run(way, p).realize(), pos) if pos is not None else
                    call_seconds(lambda: run(way, None).realize())) * 1e6
     except Exception as e: row |= dict(ok=False, failed=measure.why(e))

@@ -1,6 +1,6 @@
 """The engine (models/engine/): each kernel against the formula it replaces, measured choices, the replay graph, the
 stored steps, the fallback where a kernel cannot run, and the engine against the port alone (plain)."""
-import itertools, json, os, pathlib, signal, subprocess, sys, threading, time, types
+import contextlib, itertools, json, os, pathlib, signal, subprocess, sys, threading, time, types
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
@@ -76,7 +76,8 @@ def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir, mo
 def test_a_step_called_again_on_its_inputs_skips_tinygrads_jit(tiny_dir, monkeypatch):
   """A captured step called again on the same input Tensors runs its replay batches directly (replay.Shortcut), not
   through TinyJit's call, and computes what TinyJit's call computes to the bit as the bound position moves; new input
-  Tensors go through TinyJit once, then have a shortcut of their own, and the first ones keep theirs."""
+  Tensors go through TinyJit once, then have a shortcut of their own, and the first ones keep theirs. A call on the
+  same Tensors without the bound position fails as TinyJit's does: a shortcut never replays another call's values."""
   from tinygrad.engine.jit import _TinyJit
   seq = [int(t) for t in np.random.default_rng(5).integers(0, 64, 12)]
   entered, plain_call = [], _TinyJit.__call__
@@ -95,29 +96,42 @@ def test_a_step_called_again_on_its_inputs_skips_tinygrads_jit(tiny_dir, monkeyp
     return out, list(entered)
   got, through_jit = run()
   assert through_jit == [True, False, False, True, False, False, False]
+  model = load(tiny_dir / "target")
+  step, x = model.jit(GPT2.forward, 1), Tensor([[seq[4]]], dtype=dtypes.int32).realize()
+  for pos in (8, 9, 9): step(model, x, model.positions.bind(pos))
+  with pytest.raises(Exception, match="start_pos"): step(model, x, 5)   # as TinyJit refuses it, never at 9
   monkeypatch.setattr(replay, "shortcut", lambda captured, args: None)
   expected, through_jit = run()
   assert all(through_jit)
   for a, b in zip(got, expected): np.testing.assert_array_equal(a, b)
   assert len({a.tobytes() for a in got}) == len(got), "the same logits at another position"
 
-def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk):
+def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk, capfd):
   """native.choose() times a step by both ways (its batches run by the runner, or as replay.py replays them) and keeps
-  the faster, once per machine and step: a second process measures nothing; another step measures again."""
-  batches = [types.SimpleNamespace(native=None) for _ in range(2)]
+  the faster, once per machine and step: a second process measures nothing; another step measures again. A batch the
+  runner cannot take (a kernel of too many arguments) replays whatever is chosen; a runner whose outputs are not
+  replay.py's to the bit is not chosen, with one line."""
+  batches = [types.SimpleNamespace(native=None, fits=True) for _ in range(2)] + [types.SimpleNamespace(native=None,
+                                                                                                         fits=False)]
   monkeypatch.setattr(native, "graphs", lambda captured: batches)
-  timed = []
+  timed, wrong = [], []
+  run = lambda: Tensor([1.0, 2.0 + (batches[0].native and bool(wrong))])
   def costs(replay_s, native_s):
     seconds = lambda run, reps=3: timed.append(batches[0].native) or (native_s if batches[0].native else replay_s)
     monkeypatch.setattr(measure, "best_seconds", seconds)
   costs(2e-3, 1e-3)
-  assert native.choose(None, None, "step a") is True and all(b.native is True for b in batches) and timed
+  assert native.choose(None, run, "step a") is True and [b.native for b in batches] == [True, True, False] and timed
   timed.clear(); costs(1e-3, 2e-3)
-  assert native.choose(None, None, "step a") is True and timed == [], "measured again"
-  assert native.choose(None, None, "step b") is False and all(b.native is False for b in batches)
+  assert native.choose(None, run, "step a") is True and timed == [], "measured again"
+  assert native.choose(None, run, "step b") is False and all(b.native is False for b in batches)
   assert set(timed) == {True, False}
+  wrong.append(True); costs(2e-3, 1e-3)
+  stored = len(disk)
+  assert native.choose(None, run, "step c") is False and all(b.native is False for b in batches)
+  assert "computes other values than replay.py" in capfd.readouterr().err
+  assert len(disk) == stored, "a wrong runner's choice was cached"
   monkeypatch.setattr(native, "graphs", lambda captured: [])
-  assert native.choose(None, None, "step c") is None
+  assert native.choose(None, run, "step d") is None
 
 def test_the_runners_threads_leave_every_signal_to_python():
   """native.py's runner threads block every signal, so that the kernel hands a Ctrl-C to Python's own thread: Python
@@ -136,6 +150,76 @@ def test_the_runners_threads_leave_every_signal_to_python():
   assert len(tasks) == NUM_CPU_THREADS.value - 1
   assert all(blocked(t) >> (signal.SIGINT - 1) & 1 and blocked(t) >> (signal.SIGTERM - 1) & 1 for t in tasks)
   assert not blocked(pathlib.Path(f"/proc/self/task/{threading.get_native_id()}")) >> (signal.SIGINT - 1) & 1
+
+@pytest.mark.backend
+def test_two_threads_stepping_at_once_get_the_logits_each_gets_alone(tiny_dir, monkeypatch):
+  """Two models stepped from two Python threads at once compute, to the bit, what each computes stepped alone, by the
+  native runner (one table, threads and barrier for the process) and by replay.py (OpenCL's kernels, shared by steps
+  of the same code, take their arguments as they are enqueued): one batch at a time. The steps' calls hit their
+  shortcuts (no tinygrad scheduling in the threads)."""
+  seq = [int(t) for t in np.random.default_rng(11).integers(0, 64, 40)]
+  positions = list(range(4, 36))
+  for way in [True, False] if native.fits(Device.DEFAULT) else [None]:
+    if way is not None: runner_way(monkeypatch, way)
+    pair = [load(tiny_dir / name) for name in ("target", "draft")]
+    steps = [m.jit(GPT2.forward, 1) for m in pair]
+    xs = [Tensor([[seq[i]]], dtype=dtypes.int32).realize() for i in range(2)]
+    def run(i, out, read=contextlib.nullcontext()):
+      model, step = pair[i], steps[i]
+      for pos in positions:
+        ret = step(model, xs[i], model.positions.bind(pos))
+        with read: out.append(ret.numpy())
+    for m in pair: m.prefill(seq[:4])
+    alone = [[], []]
+    for i in range(2): run(i, alone[i])
+    for m in pair: m.prefill(seq[:4])
+    together, read, start = [[], []], threading.Lock(), threading.Barrier(2)
+    threads = [threading.Thread(target=lambda i=i: (start.wait(), run(i, together[i], read))) for i in range(2)]
+    for t in threads: t.start()
+    for t in threads: t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), f"the steps hung (runner: {way})"
+    for a, b in zip(alone, together):
+      assert len(a) == len(b) == len(positions)
+      for x, y in zip(a, b): np.testing.assert_array_equal(x, y)
+
+@pytest.mark.backend
+def test_negative_and_64_bit_variables_reach_the_kernels_as_tinygrad_passes_them():
+  """A bound variable's value reaches a step's kernels as tinygrad's executor passes it, negative or past 32 bits,
+  by native.py's runner and by replay.py alike (NumPy 2 refuses a negative value as an unsigned word)."""
+  offset = UOp.variable("offset", -2**40, 2**40)
+  x = Tensor(np.arange(4, dtype=np.float32)).realize()
+  twice = lambda x, o: ((x + Tensor(o).float()).contiguous() * 2 + Tensor(o).float()).realize()
+  values = (1, 2, -3, -5, 2**33, -2**33)
+  for runner in [native.Native, replay.Replay] if native.fits(Device.DEFAULT) else [replay.Replay]:
+    step = TinyJit(twice)
+    with replay.graph(Device.DEFAULT, runner): got = [step(x, offset.bind(v)).numpy() for v in values]
+    for v, g in zip(values, got):
+      v32 = np.float32(v)
+      np.testing.assert_array_equal(g, (np.arange(4, dtype=np.float32) + v32) * 2 + v32, err_msg=f"{runner} {v}")
+    if runner is native.Native: assert [g.native for g in native.graphs(step.captured)] == [True]
+
+def test_the_runner_stops_on_a_fault_or_too_many_arguments_as_pythons_fault_handler_reports():
+  """A kernel that faults on one of the runner's threads (a bad address) stops the process as Python's fault handler
+  reports it, on that thread ("Fatal Python error"), not silently; a command of more arguments than the runner passes
+  aborts, never runs a kernel without its arguments. The runner's library is named for its architecture."""
+  if not native.fits(Device.DEFAULT): pytest.skip("the runner runs only on tinygrad's CPU backend")
+  import platform
+  assert f"runner-{platform.machine()}-" in native.runner()._name
+  run = lambda words: subprocess.run([sys.executable, "-c", f"""
+import ctypes, faulthandler, sys
+import numpy as np
+sys.path.insert(0, {str(ROOT)!r})
+faulthandler.enable()
+from models.engine import native
+memset = ctypes.cast(ctypes.CDLL(None).memset, ctypes.c_void_p).value
+table = np.array({words}, np.uint64)
+native.runner().run(table.ctypes.data, 1)
+print("ran")"""], env={**os.environ, "NUM_CPU_THREADS": "2"}, capture_output=True, text=True, timeout=120)
+  # memset(NULL, 0, split): split 0 (the calling thread) writes nothing, split 1 (the runner's thread) faults
+  fault = run("[memset, 3, 2, 2, 0, 0, 0]")
+  assert fault.returncode != 0 and "Fatal Python error: Segmentation fault" in fault.stderr, fault.stderr[-2000:]
+  many = run(f"[memset, {native.MAX_ARGS + 1}, 1, 2**64 - 1] + [0] * {native.MAX_ARGS + 1}")
+  assert many.returncode != 0 and "ran" not in many.stdout and "Fatal Python error: Aborted" in many.stderr, many
 
 def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_dir, monkeypatch, capfd):
   """Where native.py's runner does not compile or load (no C compiler, say), one line on stderr says so and why, the
@@ -237,16 +321,19 @@ def test_a_choice_another_process_stored_first_stands(tmp_path):
 def test_a_fast_candidate_with_other_values_never_wins(disk, capfd):
   """A candidate whose outputs differ from tinygrad's by more than the dtype's tolerance (or are not finite where
   tinygrad's are) drops out however fast, with one line naming it and the error; nothing is cached, so the next
-  process measures again. Within the tolerance (half: 1e-2 of the largest value) a candidate counts as agreeing."""
+  process measures again. Within the tolerance (half: 2.9e-3 of a row's largest value, what rounding alone moves)
+  a candidate counts as agreeing."""
   candidates = {None: lambda: (2.0, outputs(1.0)), "wrong": lambda: (0.1, outputs(1.5)), "nan": lambda: (0.1, outputs(np.nan)),
                 "right": lambda: (1.0, outputs(1.0))}
   assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "right" and disk == {}
   lines = capfd.readouterr().err.splitlines()
   assert len(lines) == 2 and all("test kernel" in l and "computes other values" in l for l in lines)
   assert "wrong" in lines[0] and "5.0e-01" in lines[0] and "nan" in lines[1] and "inf" in lines[1]
-  half = {None: lambda: (2.0, outputs(1.0)), "close": lambda: (1.0, outputs(1.005))}
-  assert measure.fastest("spec_test", ("h",), half, "test kernel", dtypes.float16) == "close"
-  assert measure.fastest("spec_test", ("f",), half, "test kernel", dtypes.float32) is None
+  half = {None: lambda: (2.0, outputs(1.0)), "close": lambda: (1.0, outputs(1.002))}
+  assert measure.fastest("spec_test", ("h",), half, "test kernel", dtypes.float16, length=6400) == "close"
+  assert measure.fastest("spec_test", ("f",), half, "test kernel", dtypes.float32, length=6400) is None
+  dropped = {None: lambda: (2.0, outputs(1.0)), "off": lambda: (1.0, outputs(1.005))}   # 1e-2 let it through
+  assert measure.fastest("spec_test", ("d",), dropped, "test kernel", dtypes.float16, length=768) is None
 
 def test_a_candidate_that_cannot_run_drops_out_and_nothing_is_cached(disk, capfd):
   """A candidate that fails to compile or run drops out with one line naming it and the error; the fastest of the
@@ -282,7 +369,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   costs, timed = {None: 2.0, "lanes": 1.5, "four": 1.6, "row": 1.75, "wide": 1.8, (64, 1): 1.0, (32, 1): 0.5}, []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
-  monkeypatch.setattr(linear, "captured", lambda fn, x, before: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
+  monkeypatch.setattr(linear, "captured", lambda fn, x, before, also: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
   monkeypatch.setattr(measure, "MEASURE_BYTES", 24 * 64 * 4 * 2)
   weights, biases = [Tensor.empty(24, 64)] * 3, [Tensor.empty(24)] * 3
   assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1)
@@ -408,15 +495,18 @@ def test_norm_kernel_computes_layer_norm(T):
     assert bool(norm.groups(C)) == Device[Device.DEFAULT].renderer.has_local
 
 def test_norm_choose_measures_every_way(monkeypatch, disk):
-  """norm.choose() times every way that fits over the norms given on random rows and keeps the fastest; a second
-  process reads the disk."""
+  """norm.choose() times every way that fits over the norms given on massive rows, compares them on ordinary rows too,
+  and keeps the fastest; a second process reads the disk."""
   monkeypatch.setattr(norm, "use", {})
   monkeypatch.setattr(norm, "groups", lambda C: [32, 64])
   costs, timed = {None: 2.0, "row": 1.5, 32: 1.0, 64: 1.2}, []
   ways = iter(costs)
-  monkeypatch.setattr(norm, "captured", lambda fn, x: timed.append((next(ways), x.shape)) or (costs[timed[-1][0]], [np.ones(3)]))
+  def captured(fn, x, also):
+    timed.append((next(ways), x.shape, [o.shape for o, in also], x.numpy().max() > 1000))
+    return costs[timed[-1][0]], [np.ones(3)]
+  monkeypatch.setattr(norm, "captured", captured)
   norms = [norm.LayerNorm(models.gpt2.LayerNorm(48)) for _ in range(3)]
-  assert norm.choose(5, norms, dtypes.float32) == 32 and timed == [(w, (5, 48)) for w in costs]
+  assert norm.choose(5, norms, dtypes.float32) == 32 and timed == [(w, (5, 48), [(5, 48)], True) for w in costs]
   monkeypatch.setattr(norm, "use", {})
   assert norm.choose(5, norms, dtypes.float32) == 32 and len(timed) == 4, "measured again"
 
@@ -731,6 +821,69 @@ def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, 
   x = f(3, C)
   np.testing.assert_allclose(matvec.linear(x, weights[0], biases[0], kernel=matvec.options(N, C)[0]).float().numpy(),
                              matvec.formula(x, weights[0], biases[0]).float().numpy(), rtol=tolerance(), atol=tolerance())
+
+def planted(wrong:str, x:Tensor, ln):
+  """A way's input and layer norm, planted wrong on one kind of row: "ordinary rows" an epsilon of 1 (a massive row's
+  variance, 1e5 and more, swamps it; an ordinary row's is 1), "massive rows" the input's massive values dropped."""
+  if wrong == "ordinary rows": return x, types.SimpleNamespace(weight=ln.weight, bias=ln.bias, eps=1.0)
+  return x * (x.abs() < 1000), ln
+
+@pytest.mark.backend
+@pytest.mark.parametrize("wrong", ["ordinary rows", "massive rows"])
+def test_a_candidate_wrong_on_one_kind_of_row_never_wins(monkeypatch, disk, capfd, wrong):
+  """linear.choose() and norm.choose() compare each candidate on massive rows and on ordinary ones (a pass meets
+  both) at each width: every way but tinygrad's, planted wrong only on ordinary rows or only on massive ones
+  (planted()), drops out with one line, and tinygrad's is chosen; where the device has work-groups, also the matvec
+  kernel with its fused layer norm's epsilon 1e3, in float16 (linear.choose(1, [w], [b], half, lns=[ln]) at width 32,
+  96 outputs, which massive rows alone let through)."""
+  right_apply, right_norm = linear.apply, norm.layer_norm
+  def apply(x, w, b=None, dtype=None, ln=None, gelu=False, residual=None, way=linear.ASK):
+    if way is not None and ln is not None: x, ln = planted(wrong, x, ln)
+    return right_apply(x, w, b, dtype, ln, gelu, residual, way)
+  def layer_norm(x, w, b, eps, way=norm.ASK):
+    if way not in (None, norm.ASK):
+      x, ln = planted(wrong, x, types.SimpleNamespace(weight=w, bias=b, eps=eps))
+      eps = ln.eps
+    return right_norm(x, w, b, eps, way)
+  monkeypatch.setattr(linear, "apply", apply)
+  monkeypatch.setattr(norm, "layer_norm", layer_norm)
+  for module in (linear, norm): monkeypatch.setattr(module, "use", {})
+  monkeypatch.setattr(linear, "lost", set())
+  # run once: no verdict hangs on times
+  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
+  rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
+  f = lambda *shape, dt=half: Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dt).realize()
+  N, C = 96, 32
+  for T in (1, 3):
+    ln = types.SimpleNamespace(weight=f(C) * 0.1 + 1, bias=f(C) * 0.1, eps=1e-5)
+    ways = {"linear": linear.choose(T, [f(N, C) * 0.1], [f(N)], half, lns=[ln]), "norm": norm.choose(T, [ln], half)}
+    err = capfd.readouterr().err
+    lines = [l for l in err.splitlines() if "computes other values" in l]
+    assert ways == {"linear": None, "norm": None}, (T, ways, lines)
+    assert len(lines) == len(linear.ways(T, N, C)) - 1 + len(norm.ways(C)) - 1, err
+    assert len(lines) == len(linear.ways(T, N, C)) - 1 + len(norm.ways(C)) - 1, lines
+  assert not disk, "a choice with a wrong candidate was cached"
+  if not measure.work_groups() or wrong != "ordinary rows": return
+  right_kernel = matvec.matvec_kernel
+  monkeypatch.setattr(linear, "apply", right_apply); monkeypatch.setattr(norm, "layer_norm", right_norm)
+  monkeypatch.setattr(matvec, "matvec_kernel", lambda *a, norm=None, **kw: right_kernel(*a, norm=norm and 1e3, **kw))
+  monkeypatch.setattr(linear, "use", {})
+  ln = types.SimpleNamespace(weight=f(C, dt=dtypes.half) * 0.1 + 1, bias=f(C, dt=dtypes.half) * 0.1, eps=1e-5)
+  way = linear.choose(1, [f(N, C, dt=dtypes.half) * 0.1], [f(N, dt=dtypes.half)], dtypes.half, lns=[ln])
+  lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
+  assert not isinstance(way, tuple) and any("with its layer norm" in l for l in lines), (way, lines)
+
+def test_a_choice_is_keyed_by_all_the_code_that_computes_its_candidates():
+  """A measured choice's key holds the source of its module and of every module of the project it uses (helpers
+  imported by name too): a change to a helper (lanes.rows(), splits(), thread(), fits(), matvec.options(),
+  norm.shift(), the inputs it is measured on) measures the choice again."""
+  import inspect
+  for module, helpers in (("linear", [lanes.rows, lanes.splits, lanes.thread, lanes.fits, matvec.options, norm.shift,
+                                      measure.activations, measure.evictor]),
+                          ("attention", [lanes.rows, lanes.splits, lanes.thread, models.gpt2.Attention.attend]),
+                          ("norm", [norm.shift, measure.activations]), ("native", [replay.Replay.buffers])):
+    code = measure.sources(f"models.engine.{module}")
+    assert all(inspect.getsource(h) in code for h in helpers), module
 
 def combine_without_its_stores(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) -> UOp:
   """attention.combine_kernel() planted wrong: the chunks combined, the block's keys and values never written."""

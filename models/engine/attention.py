@@ -13,13 +13,13 @@ hold the rows in registers, so every row reads the keys and values again. Two de
 Which, and the chunks' length, is measured per device and shape at a short and a long context (choose()).
 """
 from __future__ import annotations
-import copy, functools, inspect, math
+import copy, functools, math
 from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.gpt2 import Attention
 from models.engine.lanes import rows, splits, thread
-from models.engine.measure import captured, fastest, random, work_groups
+from models.engine.measure import captured, fastest, random, sources, work_groups
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
@@ -199,10 +199,8 @@ def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
         cost, out = captured(lambda qkv, p: [apply(a, qkv, p, way).realize() for a in shells], qkv, pos)
         seconds, outputs = seconds + cost, outputs + out + [a.cache_kv.numpy() for a in shells]
       return seconds, outputs
-    code = "".join(inspect.getsource(f) for f in (scores_kernel, values_kernel, wide_scores_kernel, chunks_kernel,
-                                                  combine_kernel, block_or_cache, kernels, chunked, apply, rows))
     candidates = {w: functools.partial(run, w) for w in ways(D)}
-    use[key] = fastest("spec_attention", (key, code, SPLIT, SCORE_GROUP), candidates,
+    use[key] = fastest("spec_attention", (key, sources(__name__)), candidates,
                        f"attention kernels ({T} rows, {H} x {D})", dtype,
-                       family=lambda w: "chunks" if isinstance(w, int) else None)
+                       family=lambda w: "chunks" if isinstance(w, int) else None, length=P)
   return use[key]

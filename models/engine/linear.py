@@ -4,7 +4,7 @@ layer applied with what surrounds it in a block (apply()): the layer norm before
 all in the matvec kernel where it runs, in tinygrad's operations elsewhere.
 """
 from __future__ import annotations
-import functools, inspect, math
+import functools, math
 from typing import NamedTuple
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
@@ -63,14 +63,15 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
   """The way T rows times these same-shape weights (and biases) run fastest in the form a block runs them (after the
   layer norms lns, one a weight; GELU; a residual add; output dtype), of those that compute what tinygrad's formula of
   that form computes: each captured and timed over enough of the weights in turn, the caches flushed before each call
-  (as in a pass, they stream from memory), on rows shaped like the layer's inputs in GPT-2 (measure.activations()
-  before a layer norm), once per machine. The matvec kernel's later options are timed only while its first is close,
-  and in a process where it lost clearly to another role at this width, not at all."""
+  (as in a pass, they stream from memory), its outputs compared on massive rows and on ordinary ones
+  (measure.activations(), before a layer norm; else rows of order 1), once per machine. The matvec kernel's later
+  options are timed only while its first is close, and in a process where it lost clearly to another role at this
+  width, not at all."""
   (N, C), bias = weights[0].shape, biases is not None
   key = (T, N, C, x_dtype, weights[0].dtype, bias, Form(bool(lns), gelu, residual, dtype or x_dtype))
   if key not in use:
     # a layer norm's input is the residual stream; the other layers' (attention's, GELU's outputs) are of order 1
-    x = measure.activations(T, C, dtype=x_dtype) if lns else measure.random(T, C, dtype=x_dtype)
+    x, *other = measure.activations(T, C, dtype=x_dtype) if lns else [measure.random(T, C, dtype=x_dtype)]
     r = measure.random(T, N, dtype=x_dtype, seed=1) if residual else None
     weights = enough(weights)
     biases = biases[:len(weights)] if bias else [None] * len(weights)
@@ -79,16 +80,13 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     def run(way):
       layers = list(zip(weights, biases, lns))
       return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x,
-                      before=evict)
-    measured = (matvec.matvec_kernel, lanes.lanes_kernel, lanes.gelu_kernel, lanes.linear, apply, norm.shift,
-                measure.evictor)
-    code = [inspect.getsource(f) for f in measured]
+                      before=evict, also=[(o,) for o in other])
     candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
     ln_way = norm.use.get((T, C, x_dtype)) if lns[0] is not None else None   # what runs before: part of the cost
-    use[key] = fastest("spec_linear", (key, ln_way, lanes.LAYOUTS, *code),
+    use[key] = fastest("spec_linear", (key, ln_way, measure.sources(__name__)),
                        {w: functools.partial(run, w) for w in candidates},
                        f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
-                       family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs)
+                       family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs, length=C)
     first = next((w for w in candidates if isinstance(w, tuple)), None)
     if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()): lost.add((T, x_dtype))
   return use[key]

@@ -1,21 +1,32 @@
 """Measured choices: which of two or more ways is fastest on this machine, asked once and kept in tinygrad's disk
 cache."""
 from __future__ import annotations
-import hashlib, importlib.metadata, math, sys, time
+import hashlib, importlib.metadata, inspect, math, sys, time
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import CACHELEVEL, db_connection, diskcache_get, diskcache_put
 
-# a candidate's outputs may differ from the reference's by this fraction of the reference's largest value (the dtype of
-# the pass: its kernels sum in another order, and round half once where tinygrad's round each step)
-TOLERANCE = {dtypes.float32: 1e-4, dtypes.float16: 1e-2}
 PRUNE = 1.5   # a family's later options are measured only while its first is within this of the fastest so far
 
-def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None, costs:dict|None=None):
+def tolerance(dtype, length:int) -> float:
+  """How far a candidate's outputs may be from the reference's, a fraction of each output row's largest value
+  (error()): what rounding alone moves them in a pass of dtype, whose unit roundoff is u (2^-11 in half, 2^-24 in
+  float32). Each side rounds its outputs to dtype once: 2u. The reference rounds its inputs to dtype once where a
+  candidate keeps them in float32 (a layer norm's output, GELU's input): a sum of `length` terms each off by up to u
+  of itself, a random walk whose 4 standard deviations are 4u of the row's scale. Both sum in float32 in other orders:
+  4 sqrt(length) 2^-24. At least 1e-4: in float32 a one-pass variance of a row with a massive value differs from the
+  two passes' by up to 1e-5 of the row (norm.shift()). In half 2.9e-3 at every width GPT-2 has, where a kernel that
+  drops one term in a hundred is off by 0.07 or more (docs/engine.md)."""
+  u = 2.0 ** -(dtypes.finfo(dtype)[1] + 1)
+  return max(6 * u + 4 * math.sqrt(length) * 2.0 ** -24, 1e-4)
+
+def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None, costs:dict|None=None,
+            length:int=1):
   """The key of the fastest candidate whose outputs agree with the first's (the reference, tinygrad's own kernels),
   asked once per machine: cached in tinygrad's disk cache under kind by machine_key(*what) (what holds the kernels'
   code: a changed kernel is measured again). A candidate is a function that runs and returns (seconds, outputs). One
-  that fails to compile or run, or whose outputs differ by more than TOLERANCE[dtype], drops out with one line on
+  that fails to compile or run, or whose outputs differ by more than tolerance(dtype, length) (the reduction's
+  length), drops out with one line on
   stderr naming it (name and its key) and why, and then nothing is cached: the next process measures again. Candidates
   of one family (family(key), not None) after its first are measured only while the first is within PRUNE of the
   fastest so far: options of a kernel that loses clearly are not all timed. costs, if given, receives every candidate's
@@ -34,8 +45,9 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
       continue
     if f is not None: firsts.setdefault(f, key)
     if key == reference: expected = outputs
-    elif expected is None or (err := error(outputs, expected)) > TOLERANCE[dtype]:
-      why_ = "tinygrad's did not run" if expected is None else f"{err:.1e} of the largest, over {TOLERANCE[dtype]:.0e}"
+    elif expected is None or (err := error(outputs, expected)) > tolerance(dtype, length):
+      why_ = "tinygrad's did not run" if expected is None else \
+        f"{err:.1e} of a row's largest, over {tolerance(dtype, length):.1e}"
       say(f"the {name} {key} computes other values than tinygrad's on {Device.DEFAULT} ({why_})")
       failed = True
       continue
@@ -60,16 +72,32 @@ def first_stored(kind:str, key:str, value):
     raise
 
 def error(outputs:list[np.ndarray], expected:list[np.ndarray]) -> float:
-  """The largest difference between an output and its expected array over that array's largest magnitude, the worst
-  of the outputs (each layer, context and cache alone: a small one wrong is not hidden by a large one right); inf
-  where the shapes differ or a value is not finite where expected's is."""
+  """The largest difference between an output and its expected array over the largest magnitude of its row (the last
+  axis), the worst of the rows of every output (each layer, context and cache alone, each row alone: a row of ordinary
+  values wrong is not hidden by a massive one right); inf where the shapes differ or a value is not finite where
+  expected's is."""
   if len(outputs) != len(expected) or any(a.shape != b.shape for a, b in zip(outputs, expected)): return math.inf
   def one(got:np.ndarray, want:np.ndarray) -> float:
-    got, want = got.astype(np.float64), want.astype(np.float64)
+    got, want = got.astype(np.float64).reshape(-1, want.shape[-1] if want.ndim else 1), want.astype(np.float64)
+    want = want.reshape(got.shape)
     if (np.isfinite(got) != np.isfinite(want)).any(): return math.inf
     finite = np.isfinite(want)
-    return float(np.abs(got[finite] - want[finite]).max(initial=0) / max(np.abs(want[finite]).max(initial=0), 1e-30))
+    diff, scale = np.where(finite, np.abs(got - want), 0), np.where(finite, np.abs(want), 0)
+    return float((diff.max(-1, initial=0) / np.maximum(scale.max(-1, initial=0), 1e-30)).max(initial=0))
   return max((one(a, b) for a, b in zip(outputs, expected)), default=0.0)
+
+def sources(*modules:str) -> str:
+  """The source of these modules (names) and of every module of this project they use, however they name it (a helper
+  imported by name, a module): what a measured choice's key holds, so that a change to any code that computes a
+  candidate measures it again."""
+  seen, todo = {}, list(modules)
+  while todo:
+    if (name := todo.pop()) in seen or name not in sys.modules: continue
+    seen[name] = inspect.getsource(module := sys.modules[name])
+    for v in vars(module).values():
+      dep = v.__name__ if inspect.ismodule(v) else getattr(v, "__module__", None)
+      if isinstance(dep, str) and dep.split(".")[0] == "models": todo.append(dep)
+  return "".join(seen[name] for name in sorted(seen))
 
 def say(text:str) -> None: print(f"spec: {text}", file=sys.stderr, flush=True)
 def why(e:Exception) -> str: return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
@@ -100,14 +128,15 @@ def best_seconds(fn, reps:int=3, before=None) -> float:
     t0 = synchronize(); fn(); return synchronize() - t0
   return min(once() for _ in range(reps))
 
-def captured(fn, *args, before=None) -> tuple[float, list[np.ndarray]]:
+def captured(fn, *args, before=None, also=()) -> tuple[float, list[np.ndarray]]:
   """fn(*args) (a list of Tensors) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3, each
-  after before() where given, and the outputs of the last call."""
+  after before() where given, and the outputs of the last call, then of a call on each tuple of arguments in also
+  (inputs of other kinds, the same shapes)."""
   step = TinyJit(fn)
   with Context(BEAM=0):
     for _ in range(2): step(*args)                 # a TinyJit captures on its second call
   seconds = best_seconds(lambda: step(*args), before=before)
-  return seconds, [t.numpy() for t in step(*args)]
+  return seconds, [t.numpy() for call in (args, *also) for t in step(*call)]
 
 MEASURE_BYTES = 256 << 20   # a candidate is timed over this many bytes of weights (or all of them): past every cache
 
@@ -138,15 +167,19 @@ def random(*shape:int, dtype=dtypes.float32, seed:int=0, mean:float=0.0) -> Tens
 
 MASSIVE = 3000.0   # GPT-2's residual stream carries a few dimensions in the thousands ("massive activations")
 
-def activations(T:int, C:int, dtype=dtypes.float32, seed:int=0) -> Tensor:
-  """Rows as a layer norm meets them in GPT-2: N(0, 1) with a dimension at -MASSIVE and, in every other row, the
-  first element at +MASSIVE; every third row's mean far from 0."""
-  x = np.random.default_rng(seed).standard_normal((T, C))
+def activations(T:int, C:int, dtype=dtypes.float32, seed:int=0) -> list[Tensor]:
+  """Rows as a layer norm meets them in GPT-2, in two sets of T: massive rows (N(0, 1) with a dimension at -MASSIVE
+  and, in every other row, the first element at +MASSIVE), and ordinary ones (N(0, 1)) with, where T > 1, one massive
+  row among them; every third row's mean far from 0 in both. A massive row's variance hides a wrong epsilon, an
+  ordinary row hides a massive value handled wrong: a pass meets both."""
+  rng = np.random.default_rng(seed)
+  massive, ordinary = rng.standard_normal((T, C)), rng.standard_normal((T, C))
   for t in range(T):
-    x[t, (C // 3 + t) % C] = -MASSIVE
-    if t % 2 == 0: x[t, 0] = MASSIVE
-    if t % 3 == 1: x[t] += 20
-  return Tensor(x.astype(np.float32)).cast(dtype).realize()
+    massive[t, (C // 3 + t) % C] = -MASSIVE
+    if t % 2 == 0: massive[t, 0] = MASSIVE
+  if T > 1: ordinary[T // 2] = massive[T // 2]
+  for x in (massive, ordinary): x[1::3] += 20
+  return [Tensor(x.astype(np.float32)).cast(dtype).realize() for x in (massive, ordinary)]
 
 def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
 

@@ -11,17 +11,18 @@ tinygrad compiled them, so its outputs are its executor's to the bit. Whether it
 per step (choose()).
 """
 from __future__ import annotations
-import ctypes, functools, hashlib, os, pathlib, subprocess, sys, tempfile, time
+import ctypes, functools, hashlib, os, pathlib, platform, subprocess, sys, tempfile, time
 import numpy as np
-from tinygrad import Device
+from tinygrad import Tensor, Device
 from tinygrad.engine.realize import get_graph_runtime
 from tinygrad.helpers import CACHEDB, NUM_CPU_THREADS
 from tinygrad.uop.ops import Ops
 from models.engine import measure
-from models.engine.replay import Replay
+from models.engine.replay import LOCK, Replay
 
 MAX_ARGS, HEADER = 63, 4   # tinygrad's CPU programs take at most 63 arguments; a command's words before them
 SPIN_US = 200   # how long the runner's threads wait for the next step or barrier before they sleep or yield
+WORD = 2**64 - 1   # a variable's value as a 64-bit word, as tinygrad passes it (ctypes.c_uint64 wraps a negative one)
 
 def source(max_args:int=MAX_ARGS) -> str:
   """The runner in C: run(table, commands) walks a table of commands, each [kernel, arguments n, thread splits, the
@@ -32,6 +33,7 @@ def source(max_args:int=MAX_ARGS) -> str:
     return f"    case {n}: ((void(*)({types}))f)({args}); break;"
   calls = "\n".join(map(case, range(max_args + 1)))
   return f"""#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sched.h>
@@ -46,6 +48,7 @@ typedef uint64_t u64;
 static void call(u64 f, int n, const u64 *a) {{
   switch (n) {{
 {calls}
+    default: abort();   /* never: a table holds at most max_args arguments a command (Native) */
   }}
 }}
 static const u64 *table; static int count, threads = 1, started; static pid_t owner;
@@ -104,10 +107,14 @@ int start(int n) {{
   pthread_mutex_init(&mutex, 0); pthread_cond_init(&wake, 0);
   threads = n < 1 ? 1 : n; started = 1; owner = getpid(); mine0 = 0;
   atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&sense, 0);
-  /* the threads block every signal (they inherit the mask): Python handles a signal only on its main thread, and one
-     caught on another thread waits until that thread notices it */
+  /* the threads block every signal (they inherit the mask) but a fault's own: Python handles a signal only on its main
+     thread, and one caught on another thread waits until that thread notices it; a fault (a kernel's bad address) is
+     the faulting thread's, where Python's fault handler reports it */
   sigset_t all, old;
-  sigfillset(&all); pthread_sigmask(SIG_BLOCK, &all, &old);
+  sigfillset(&all);
+  int faults[] = {{SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}};
+  for (unsigned i = 0; i < sizeof(faults) / sizeof(*faults); i++) sigdelset(&all, faults[i]);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
   for (int t = 1; t < threads; t++) {{
     pthread_t thread;
     if (pthread_create(&thread, 0, worker, (void *)(intptr_t)t)) {{ threads = t; break; }}
@@ -133,13 +140,13 @@ _runner = None
 
 def runner():
   """The runner's library, compiled once per machine into tinygrad's cache folder and loaded once per process, its
-  threads started (tinygrad's thread count: NUM_CPU_THREADS)."""
+  threads started (tinygrad's thread count: NUM_CPU_THREADS); named by its code, compiler and architecture (a home
+  folder shared by x86 and Arm machines holds one of each)."""
   global _runner
   if _runner is None:
-    code = source()
-    cc = os.environ.get("CC", "clang")
-    name = hashlib.sha256((code + cc + sys.platform).encode()).hexdigest()[:16]
-    lib = pathlib.Path(CACHEDB).parent / "spec-native" / f"runner-{name}.so"
+    code, cc, arch = source(), os.environ.get("CC", "clang"), platform.machine()
+    name = hashlib.sha256((code + cc + sys.platform + arch).encode()).hexdigest()[:16]
+    lib = pathlib.Path(CACHEDB).parent / "spec-native" / f"runner-{arch}-{name}.so"
     if not lib.is_file():
       lib.parent.mkdir(parents=True, exist_ok=True)
       with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
@@ -170,15 +177,18 @@ def fits(device:str) -> bool:
   return True
 
 class Native(Replay):
-  """replay.py's batch as one table of commands for the runner; `native` False replays it as replay.py does."""
+  """replay.py's batch as one table of commands for the runner; `native` False replays it as replay.py does, and so
+  does a batch with a kernel of more arguments than the runner passes (`fits` False)."""
   native = True
   def __init__(self, linear, input_uops=()):
     super().__init__(linear, input_uops)
     words, self.base = [], []
     for runtime, bufs, (global_size, _), vals in self.launches:
       self.base.append(len(words) + HEADER)
-      args = [b.va_addr for b in bufs] + [v or 0 for v in vals]   # the split's index: the runner's
-      words += [runtime.addr, len(args), global_size[0], runtime.runtimevars.get("core_id", -1) & (2**64 - 1), *args]
+      args = [b.va_addr for b in bufs] + [(v or 0) & WORD for v in vals]   # the split's index: the runner's
+      words += [runtime.addr, len(args), global_size[0], runtime.runtimevars.get("core_id", -1) & WORD, *args]
+    self.fits = all(len(bufs) + len(vals) <= MAX_ARGS for _, bufs, _, vals in self.launches)
+    if not self.fits: self.native = False
     self.table = np.array(words, dtype=np.uint64)
     self.lib, self.ptr = runner(), self.table.ctypes.data
     # the variables' slots in the table (after a kernel's buffers), and which of self.vars each takes
@@ -188,14 +198,16 @@ class Native(Replay):
 
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
     if not self.native or self.launch_dims_replace: return super().__call__(input_uops, var_vals, wait)
-    for j in self.with_inputs:
-      handles = self.buffers(self.linear.src[j], input_uops)
-      self.table[self.base[j]:self.base[j] + len(handles)] = [b.va_addr for b in handles]
-    if len(self.var_slots):
-      self.table[self.var_slots] = np.array([var_vals[v] for v in self.vars], dtype=np.uint64)[self.var_index]
-    t0 = time.perf_counter()
-    self.lib.run(self.ptr, len(self.launches))   # returns when every kernel has run
-    return time.perf_counter() - t0 if wait else None
+    with LOCK:   # the runner's table, threads and barrier are the process's: one step at a time
+      for j in self.with_inputs:
+        handles = self.buffers(self.linear.src[j], input_uops)
+        self.table[self.base[j]:self.base[j] + len(handles)] = [b.va_addr for b in handles]
+      if len(self.var_slots):
+        values = np.array([var_vals[v] & WORD for v in self.vars], dtype=np.uint64)
+        self.table[self.var_slots] = values[self.var_index]
+      t0 = time.perf_counter()
+      self.lib.run(self.ptr, len(self.launches))   # returns when every kernel has run
+      return time.perf_counter() - t0 if wait else None
 
 def graphs(captured) -> list[Native]:
   """A captured step's batches that run as Native."""
@@ -204,14 +216,24 @@ def graphs(captured) -> list[Native]:
 
 def choose(captured, run, name:str) -> bool|None:
   """Whether a step's batches run natively: the faster of the runner and replay.py, each timed on run() (a call of the
-  step, best of 2, twice in turn), once per machine and step (name: store.step_name()); None where none is Native."""
+  step, best of 2, twice in turn), once per machine and step (name: store.step_name()); None where none is Native.
+  The runner runs the step's own kernels: its outputs must be replay.py's to the bit, else replay.py runs it, and one
+  line says so. Batches that do not fit the runner (`fits`) are replayed whatever is chosen."""
   if not (batches := graphs(captured)): return None
-  disk = measure.machine_key("native", name, source(), NUM_CPU_THREADS.value)
+  disk = measure.machine_key("native", name, source(), measure.sources(__name__), NUM_CPU_THREADS.value)
   if (way := measure.diskcache_get("spec_native", disk)) is None:
-    seconds = {False: [], True: []}
+    seconds, outputs = {False: [], True: []}, {}
     for way in (False, True, False, True):
-      for g in batches: g.native = way
+      for g in batches: g.native = way and g.fits
       seconds[way].append(measure.best_seconds(run, 2))
-    way = measure.first_stored("spec_native", disk, min(seconds[True]) < min(seconds[False]))
-  for g in batches: g.native = way
+      outputs.setdefault(way, [t.numpy().tobytes() for t in tensors(run())])
+    if outputs[True] != outputs[False]:
+      measure.say(f"native.py's runner computes other values than replay.py for a step on {Device.DEFAULT}: replayed")
+      way = False
+    else: way = measure.first_stored("spec_native", disk, min(seconds[True]) < min(seconds[False]))
+  for g in batches: g.native = way and g.fits
   return way
+
+def tensors(ret) -> list:
+  """The Tensors a step returns (one, or a tuple of them and None)."""
+  return [t for t in (ret if isinstance(ret, (tuple, list)) else (ret,)) if isinstance(t, Tensor)]

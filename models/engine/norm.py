@@ -7,11 +7,11 @@ tinygrad gave each of its two sums 16 threads). Which way, and the work-group si
 (choose()); where a linear layer runs the matvec kernel, its layer norm runs inside it (matvec.py).
 """
 from __future__ import annotations
-import functools, inspect, math
+import functools, math
 from tinygrad import Tensor, UOp, dtypes
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine.measure import activations, captured, fastest, group_sizes, work_groups
+from models.engine.measure import activations, captured, fastest, group_sizes, sources, work_groups
 
 GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
 # (T, C, dtype) -> None (tinygrad's), "row" (norm_kernel) or stats_kernel()'s work-group size: what choose() measured
@@ -90,16 +90,18 @@ def ways(C:int) -> list:
 
 def choose(T:int, norms:list[LayerNorm], dtype) -> str|int|None:
   """The way T rows are normalized fastest, of those that compute what tinygrad's does, over the first MEASURED_NORMS of
-  these (a model's): each captured and timed on rows shaped like GPT-2's residual stream (measure.activations()), once
-  per machine; the stats kernel's other work-group sizes only while its first is close."""
+  these (a model's): each captured and timed on rows shaped like GPT-2's residual stream, its outputs compared on
+  massive rows and on ordinary ones (measure.activations()), once per machine; the stats kernel's other work-group
+  sizes only while its first is close."""
   C = norms[0].weight.shape[0]
   key = (T, C, dtype)
   if key not in use:
     norms = norms[:MEASURED_NORMS]
-    x = activations(T, C, dtype=dtype)
-    def run(way): return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way).realize() for n in norms], x)
-    code = "".join(inspect.getsource(f) for f in (norm_kernel, shift, stats_kernel, grouped, layer_norm))
-    use[key] = fastest("spec_norm", (key, code), {w: functools.partial(run, w) for w in ways(C)},
+    x, *other = activations(T, C, dtype=dtype)
+    def run(way):
+      return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way).realize() for n in norms], x,
+                      also=[(o,) for o in other])
+    use[key] = fastest("spec_norm", (key, sources(__name__)), {w: functools.partial(run, w) for w in ways(C)},
                        f"layer norm kernel ({T} rows x {C})", dtype,
-                       family=lambda w: "stats" if isinstance(w, int) else None)
+                       family=lambda w: "stats" if isinstance(w, int) else None, length=C)
   return use[key]

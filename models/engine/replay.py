@@ -6,11 +6,16 @@ launch sizes and variables again on every call; small models paid more for that 
 graph of their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner interface, filled in for the rest.
 """
 from __future__ import annotations
-import contextlib, time
+import contextlib, threading, time
 from tinygrad import Tensor, UOp, Device, Context
 from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
 from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
 from tinygrad.uop.ops import Ops
+
+# one batch replays at a time, whichever Python thread calls: a device's kernels and their arguments are shared by every
+# step that compiled the same code (OpenCL sets a kernel's arguments before it enqueues it), native.py's runner is one
+# for the process, and ctypes lets go of the GIL during a call
+LOCK = threading.Lock()
 
 class Replay(GraphRunner):
   """Every kernel of a batch with its runtime, buffer handles, launch sizes and variable values resolved once; a call
@@ -33,16 +38,17 @@ class Replay(GraphRunner):
     return [(b:=args[i].buffer).get_buf(b.device) for i in call.src[0].arg.globals]
 
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
-    for j in self.with_inputs: self.launches[j][1][:] = self.buffers(self.linear.src[j], input_uops)
-    for j, i, value in self.updated_vars(var_vals): self.launches[j][3][i] = value
-    for j, global_size, local_size in self.updated_launch_dims(var_vals):
-      self.launches[j][2][:] = global_size, local_size
-    t0 = time.perf_counter()
-    for runtime, bufs, (global_size, local_size), vals in self.launches:
-      runtime(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals))
-    if not wait: return None
-    Device[self.device].synchronize()
-    return time.perf_counter() - t0
+    with LOCK:
+      for j in self.with_inputs: self.launches[j][1][:] = self.buffers(self.linear.src[j], input_uops)
+      for j, i, value in self.updated_vars(var_vals): self.launches[j][3][i] = value
+      for j, global_size, local_size in self.updated_launch_dims(var_vals):
+        self.launches[j][2][:] = global_size, local_size
+      t0 = time.perf_counter()
+      for runtime, bufs, (global_size, local_size), vals in self.launches:
+        runtime(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals))
+      if not wait: return None
+      Device[self.device].synchronize()
+      return time.perf_counter() - t0
 
 @contextlib.contextmanager
 def graph(device:str, runner=Replay):
@@ -60,17 +66,27 @@ class Shortcut:
   for them last time and the bound variables' new values. TinyJit's own call gathers and checks its inputs and rewrites
   each batch's call into an execution again: 0.1-0.2 ms a call in Python, a large part of a small model's step on a
   CPU (docs/engine.md)."""
-  __slots__ = ("captured", "runners", "tensors", "inputs", "var_vals")   # no __dict__ for get_state_dict() to walk
+  __slots__ = ("captured", "runners", "tensors", "inputs", "fixed", "passed")   # no __dict__ for get_state_dict()
   def __init__(self, captured, args:tuple, runners:list[Replay]):
     self.captured, self.runners, self.tensors = captured, runners, tensors(args)
-    self.inputs, self.var_vals, _, _ = _prepare_jit_inputs(args, {})
+    self.inputs, var_vals, _, _ = _prepare_jit_inputs(args, {})
+    # the variables passed as arguments, each call's own; the rest are bound in the input Tensors' views, which a call
+    # on the same Tensors shares
+    self.passed = sorted(bound(args))
+    self.fixed = {k: v for k, v in var_vals.items() if k not in self.passed}
   def __call__(self, args:tuple):
-    """captured's outputs after a call on args, or None where args hold other Tensors than last time."""
+    """captured's outputs after a call on args, or None where args hold other Tensors than last time or bind other
+    variables (a call that omits one goes to TinyJit, which refuses it)."""
     now = tensors(args)
     if len(now) != len(self.tensors) or any(a is not b for a, b in zip(now, self.tensors)): return None
-    var_vals = {**self.var_vals, **{v.expr: value for v, value in (a.unbind() for a in args if isinstance(a, UOp))}}
+    if sorted(passed := bound(args)) != self.passed: return None
+    var_vals = {**self.fixed, **passed}
     for runner in self.runners: runner(self.inputs, var_vals)
     return self.captured.ret
+
+def bound(args:tuple) -> dict[str, int]:
+  """The bound variables among a call's arguments, by name."""
+  return {v.expr: value for v, value in (a.unbind() for a in args if isinstance(a, UOp))}
 
 def tensors(args:tuple) -> list[UOp]:
   """The graphs of the Tensors among a call's arguments and in its lists, tuples and dicts (where TinyJit looks)."""
