@@ -10,18 +10,118 @@ sequence so far. One round (generate()):
      rejection draw x ~ norm(max(0, q - p)); if all K are kept draw a bonus x ~ q_K+1            token_verification()
      or, by default, judge the block as a whole (Sun et al. 2025, block verification)         block_verification()
 Every emitted token is distributed exactly as the target's (greedy: exactly the target's greedy token). A round runs
-on the device and the host reads one small vector per round.
-Sections: the algorithm, the drafters and the verifier, the round loop, the plumbing, the command line.
+on the device and the host reads one small vector per round (Round).
+Sections, in reading order: 1. the round loop, 2. the algorithm (each step a function on the device), 3. the
+drafters and the verifier, 4. the device primitives (argmax, a top-k/top-p threshold, multinomial sampling in the
+form tinygrad runs fast), 5. the plumbing (warm-up, -K auto, statistics), 6. the command line.
 """
 from __future__ import annotations
 import argparse, codecs, collections, json, math, os, statistics, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, TinyJit, UOp, Device, dtypes
+from tinygrad import Tensor, TinyJit, UOp, dtypes
 import models
 from models import EOT, GPT2, vocab_width
+from models.timing import best_seconds, synchronize
 
-# ***** 1. the algorithm: distributions, proposal and verification, as functions on the device *****
+# ***** 1. the round loop *****
+
+def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=2,
+                         max_new_tokens:int=256, sampling:Sampling|None=None, seed:int=0, eos:int|None=EOT,
+                         on_token=None, verification:str="block") -> tuple[list[int], Stats]:
+  """Speculative sampling: the new tokens (distributed exactly as the target's) and the run's Stats. draft: a GPT2 or a
+  PromptLookup. K: the lookahead, or "auto" to choose it each round (AutoLookahead). sampling: a Sampling (default
+  greedy). verification: a rule of RULES. on_token(dict) is called for each emitted token with its id, source, index
+  in its round, q(x) and p(x)."""
+  sampling = sampling or Sampling()
+  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K,
+        verification, seed)
+  key = seed_key(seed)
+  drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
+  verifier = Verifier(target, sampling, key, verification)
+  return generate(drafter, verifier, prompt_tokens, K, max_new_tokens, eos, on_token)
+
+def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256,
+                            sampling:Sampling|None=None, seed:int=0, eos:int|None=EOT,
+                            on_token=None) -> tuple[list[int], Stats]:
+  """The baseline: the target alone, one token per pass (rounds that draft nothing), same warps, KV cache and JIT."""
+  sampling = sampling or Sampling()
+  check([target], prompt_tokens or [EOT], max_new_tokens, 1, seed=seed)
+  return generate(NoDraft(), Verifier(target, sampling, seed_key(seed), "token"), prompt_tokens, 0, max_new_tokens, eos,
+                  on_token)
+
+def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|str, max_new_tokens:int, eos:int|None,
+             on_token) -> tuple[list[int], Stats]:
+  """The rounds, until max_new_tokens or an EOS. Round r draws from the random streams 2r (draft) and 2r+1 (verify)."""
+  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
+  stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
+  auto = prepare(drafter, verifier, K, tokens[0], stats)
+  verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
+  out = Output(tokens, max_new_tokens, eos, on_token, stats)
+  start = synchronize()
+  while not out.done:
+    t0 = time.perf_counter()
+    k = auto.choose() if auto else K
+    block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                        # 1. x~_1..x~_k ~ p
+    # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
+    # (the target's cache rolls back by position, as the draft's). Nothing waits in between: Python enqueues the
+    # verify step while the draft's last step runs.
+    drafted = block.shape[1] - 1                                         # drafted < k: prompt lookup found less
+    outcome = Round.read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), drafted, stats)
+    events = outcome.events()
+    if auto: auto.update(k, len(events), time.perf_counter() - t0, drafted)
+    stats.add_round(drafted, len(events) - 1)
+    out.emit(events)
+  return out.new, stats.finish(start, len(out.new))
+
+@dataclass
+class Round:
+  """A round's outcome as the host reads it, at once: the drafts kept, the next token (resampled after a rejection,
+  the bonus after all K, the target's own when nothing was drafted) with q and p of it, each draft with its q and p."""
+  kept: int            # n
+  token: int           # the next token
+  q_token: float       # q(token)
+  p_token: float       # p(token): the residual's draw is from q - p (0 for the bonus)
+  drafted: list[int]   # x~_1..x~_K
+  q: list[float]       # q(x~_t)
+  p: list[float]       # p(x~_t)
+  @staticmethod
+  def packed(kept, token, q_token, p_token, drafted, q, p) -> Tensor:
+    """The fields as one float32 vector on the device, in their order: the round's one host read (token ids are below
+    2^24, exact in float32)."""
+    head = Tensor.stack(*[x.float() for x in (kept, token, q_token, p_token)])
+    return head.cat(*[x.float() for x in (drafted, q, p)]).realize()
+  @classmethod
+  def read(cls, packed:Tensor, K:int, stats:Stats) -> Round:
+    stats.host_syncs += 1
+    v = packed.tolist()   # the round's one host read
+    return cls(int(v[0]), int(v[1]), v[2], v[3], [int(x) for x in v[4:4+K]], v[4+K:4+2*K], v[4+2*K:4+3*K])
+  def events(self) -> list[dict]:
+    """The round's tokens: the kept drafts, then the resampled, bonus or (K 0) target token."""
+    K = len(self.drafted)
+    kept = [dict(id=x, source="accepted", index=i, q=self.q[i], p=self.p[i])
+            for i, x in enumerate(self.drafted[:self.kept])]
+    source = "resampled" if self.kept < K else "bonus" if K else "target"
+    return kept + [dict(id=self.token, source=source, index=self.kept, q=self.q_token,
+                        p=self.p_token if self.kept < K else None)]
+
+class Output:
+  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
+  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
+    self.tokens, self.new, self.done = prompt_tokens, [], False
+    self.max_new_tokens, self.eos, self.on_token, self.stats = max_new_tokens, eos, on_token, stats
+  def emit(self, events:list[dict]) -> None:
+    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is
+    dropped)."""
+    for e in events:
+      self.new.append(e["id"]); self.tokens.append(e["id"])
+      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
+      if self.on_token: self.on_token(e)
+      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
+        self.done = True
+        return
+
+# ***** 2. the algorithm: each step as a function on the device *****
 
 @dataclass(frozen=True)
 class Sampling:
@@ -50,17 +150,6 @@ class Sampling:
             Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32),
             Tensor([max(self.top_p, 2**-126)], dtype=dtypes.float32))
 
-def best(logits:Tensor) -> Tensor:
-  """(..., 1) each row's argmax, the first of equal maxima: greedy's token and sample()'s race. One max over 64-bit
-  keys, a logit's order in the high half and its reversed index in the low: tinygrad's argmax is two reductions."""
-  bits = logits.float().bitcast(dtypes.int32)
-  order = (bits < 0).where(-(bits & 0x7fffffff), bits)   # sign and magnitude as a signed int: ordered as the floats
-  last = logits.shape[-1] - 1
-  # unsigned, so that the max starts from 0 (tinygrad writes int64's minimum as a literal that clang warns about)
-  high = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32
-  keys = high + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
-  return last - (keys.max(-1, keepdim=True) & 0xffffffff).cast(dtypes.int32)
-
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filters:tuple[str, ...]) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0: softmax(logits / T), then
   top-k, then top-p of what top-k kept. Greedy builds no distribution: its steps take best() of the logits."""
@@ -74,65 +163,6 @@ def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filte
   if filters: probs = probs / probs.sum(-1, keepdim=True)
   return probs.contiguous()  # materialized: every later step reads it
 
-def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
-  """Mask (N, V) of the probabilities >= the largest threshold t for which the weight of the probabilities >= t is at
-  least enough, per row: top-k counts them, top-p sums their mass. No sort: a search over the float32 bit patterns,
-  which order non-negative floats, testing 3 thresholds a step, so that t is exact after 15 steps. Integer weights:
-  pocl sums floats one at a time, integers in vectors."""
-  bits = probs.float().bitcast(dtypes.int32).contiguous()
-  ends = Tensor.arange(2, dtype=dtypes.int32)                               # made on the device: no copy from the host
-  # lo and hi in one tensor, one kernel updating both: [0, the largest] (no threshold above it has any weight),
-  # materialized so that every step is the same kernels
-  lohi = (ends * bits.max(-1, keepdim=True)).contiguous()
-  for _ in range(15):                                                       # 4 ways a step: 2 bits of 30 (probs <= 1.0)
-    lo, hi = lohi[:, :1], lohi[:, 1:]                                       # enough at lo, nothing above hi
-    step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
-    mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)              # (N, 3), ascending
-    above = (bits.unsqueeze(1) >= mids.unsqueeze(-1)).where(weight.unsqueeze(1), 0)   # (N, 3, V)
-    ok = (above.sum(-1) >= enough) & (mids <= hi)                           # a prefix of trues: the weight is monotone
-    passed = ok.cast(dtypes.int32).sum(-1, keepdim=True)
-    # [lo + passed step, lo + (passed + 1) step - 1]
-    lohi = (lo + (passed + ends) * step - ends).minimum(hi)
-  return (bits >= lohi[:, :1]).float()
-
-def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
-  """U(0, 1) draws from stream `nonce` of the run's threefry key."""
-  counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
-  return unit_interval(Tensor.random_bits(key, counter, math.prod(shape))).reshape(*shape)
-
-def unit_interval(bits:Tensor) -> Tensor:
-  """uint32 random bits -> (i + 1/2) / 2^23, i their top 23 bits: each value exact in float32 and strictly inside (0, 1)
-  (from 24 bits the last, (2^24 - 1/2) / 2^24, would round to 1.0)."""
-  return ((bits >> 9).float() + 0.5) * 2**-23
-
-BLOCK = 64  # sample() draws a block of this many tokens, then a token of it
-
-def uniforms_per_draw(V:int) -> int:
-  """The uniforms sample() takes for one row of V probabilities: one per block, and one per token of a block."""
-  return -(-V // BLOCK) + BLOCK
-
-def sample(probs:Tensor, u:Tensor) -> Tensor:
-  """One token per row, distributed as probs, from u ~ U(0,1) (rows, uniforms_per_draw(V)): two exponential races,
-  argmax w/(-log u) (Gumbel-max with one log), first of the blocks by their mass, then of the chosen block's tokens by
-  their probability, so P(block) P(token | block) = probs; zero-probability tokens never. A race over every token
-  would draw and take the log of V uniforms a row, a draw's main cost on a CPU. Materialized: a kernel indexing by it
-  would redo the races."""
-  *rows, V = probs.shape
-  B = -(-V // BLOCK)                                                              # blocks, the last padded with zeros
-  blocks = probs.reshape(-1, V).pad(((0, 0), (0, B * BLOCK - V))).reshape(-1, B, BLOCK)
-  u = u.reshape(blocks.shape[0], -1)
-  # (N, B), materialized: fused into the race below, a GPU would sum every block and take every log on one thread
-  keys = race(blocks.sum(-1), u[:, :B]).contiguous()
-  block = best(keys).contiguous()                                                 # (N, 1), read by the second race
-  chosen = (Tensor.arange(B) == block).unsqueeze(-1).where(blocks, 0).sum(1)     # (N, BLOCK): its probabilities
-  return (block * BLOCK + best(race(chosen, u[:, B:]))).reshape(rows).contiguous()
-
-def race(weights:Tensor, u:Tensor) -> Tensor:
-  """An exponential race's keys, weight / E with E = -log u ~ Exp(1): the largest is each one's with probability
-  weight / sum. No NaN whatever the device's log and NaN: E is at least 2^-126 (a log may round u near 1 to 0), and a
-  zero weight gets -1, below every other key, where 0 / 0 would be a NaN that best() ranks first if its sign is +."""
-  return (weights > 0).where(weights / (-u.log()).maximum(2**-126), -1)
-
 def acceptance(p:Tensor, q:Tensor, x:Tensor) -> tuple[Tensor, Tensor]:
   """min(1, q(x)/p(x)) for each drafted x (K,), the probability that the target keeps it, as the fraction (q(x), p(x)):
   the rule tests r p(x) < q(x), never a quotient (q / p rounds below 1 where q = p on some devices). p, q: (K, V)."""
@@ -145,10 +175,11 @@ def residual(p:Tensor, q:Tensor) -> Tensor:
   mass = diff.sum(-1, keepdim=True)
   return (mass > 0).where(diff / mass, q / q.sum(-1, keepdim=True))
 
-def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, top_p, *unseen_ids:UOp, K:int,
-            greedy:bool, filters:tuple[str, ...]):
+def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, warping:tuple, *unseen_ids:UOp, K:int, greedy:bool,
+            filters:tuple[str, ...]):
   """Step 1. unseen_ids: the w tokens the draft has not consumed yet, the last one being x_n, as bound variables (they
-  reach the step without a kernel or copy of their own: token_variables()); start_pos: where they go. Returns the verify
+  reach the step without a kernel or copy of their own: token_variables()); start_pos: where they go; key and nonce:
+  the run's random stream for this call; warping: the sampling's values (Sampling.tensors()). Returns the verify
   input [x_n, x~_1..x~_K] (1, K+1) and the draft distributions p (K, V), V padded (padded()); greedy: p = None, one-hot
   on the block, and nothing is drawn."""
   u = None if greedy else uniform(key, nonce, K, uniforms_per_draw(vocab_width(draft.cfg.vocab_size)))
@@ -159,7 +190,7 @@ def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, temperature, top_k, to
     # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
     if greedy: x = best(logits)[:, 0]
     else:
-      ps.append(warp(logits, temperature, top_k, top_p, filters=filters))   # (1, V) p(x | x_1..x_n, x~_1..x~_t)
+      ps.append(warp(logits, *warping, filters=filters))   # (1, V) p(x | x_1..x_n, x~_1..x~_t)
       x = sample(ps[-1], u[t:t+1])                                          # x~_t+1 ~ p
     drafted.append(x.realize())                           # realized: the next step reads it, not recomputes it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
@@ -213,42 +244,36 @@ def greedy_verification(q_logits:Tensor, drafted:Tensor) -> tuple[Tensor, Tensor
   n = agree.where(K, Tensor.arange(K)).pad(((0, 1),), value=K).min().contiguous()   # the first disagreement, K if none
   return n, target_best[n], agree.float()
 
-def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, temperature, top_k, top_p, *,
-           greedy:bool, filters:tuple[str, ...], rule:str, one_hot:bool=False):
+def verify(q_logits:Tensor, p:Tensor|None, block:Tensor, key:Tensor, nonce:UOp, warping:tuple, *, greedy:bool,
+           filters:tuple[str, ...], rule:str, one_hot:bool=False) -> Tensor:
   """Step 3, modified rejection sampling by a rule of RULES. q_logits (K+1, V) from the target's pass over block =
   [x_n, x~_1..x~_K], p (K, V); one_hot (a deterministic draft: prompt lookup, or none): p = None, one-hot on each x~_t;
-  greedy: p unused. Returns [n accepted, next token, q(next), p(next), x~ (K), q(x~) (K), p(x~) (K)], float32."""
+  greedy: p unused. Returns the Round, packed."""
   (K, V), drafted = (block.shape[1] - 1, q_logits.shape[-1]), block[0, 1:]
   if greedy:
     n, token, qx = greedy_verification(q_logits, drafted)
-    return packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
+    return Round.packed(n, token, Tensor(1.0), Tensor(0.0), drafted, qx, Tensor.ones(K))
   if one_hot: p = (drafted.unsqueeze(-1) == Tensor.arange(V)).float().contiguous()
-  q = warp(q_logits, temperature, top_k, top_p, filters=filters)
+  q = warp(q_logits, *warping, filters=filters)
   r = uniform(key, nonce, K + uniforms_per_draw(V))
   p = p.cat(Tensor.zeros(1, V))                                             # no draft past x~_K: row K's residual is q
   # r[:K], q(x~) and p(x~) materialized: around two tinygrad 0.14 code generator bugs (docs/tests.md)
   n, dist = RULES[rule](p, q, drafted, r[:K].contiguous())                  # n kept; the residual or the bonus q_K+1
   token = sample(dist, r[K:])
   qx, px = (t[Tensor.arange(K), drafted].contiguous() for t in (q, p))
-  return packed(n, token, q[n, token], p[n, token], drafted, qx, px)
+  return Round.packed(n, token, q[n, token], p[n, token], drafted, qx, px)
 
-def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, temperature, top_k, top_p,
+def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tensor, nonce:UOp, warping:tuple,
                   **static) -> Tensor:
   """Steps 2 and 3 in one JIT call: the target's pass over block, then verify()."""
-  return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, temperature, top_k, top_p, **static)
-
-def packed(n, token, q_next, p_next, drafted, qx, px) -> Tensor:
-  """The round's result as one float32 vector, read by the host at once: [n, token, q(next), p(next), x~, q(x~),
-  p(x~)]."""
-  head = Tensor.stack(*[x.float() for x in (n, token, q_next, p_next)])
-  return head.cat(*[x.float() for x in (drafted, qx, px)]).realize()
+  return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, warping, **static)
 
 def padded(logits:Tensor) -> Tensor:
   """logits (N, V) -> (N, vocab_width(V)), the added tokens impossible (logit -inf: probability 0 under every warp), as
   the lm_head's rows are padded: tinygrad runs a round's passes over a multiple of 64 columns much faster."""
   return logits.pad(((0, 0), (0, vocab_width(logits.shape[-1]) - logits.shape[-1])), value=float("-inf"))
 
-# ***** 2. the drafters (step 1) and the verifier (steps 2 and 3) *****
+# ***** 3. the drafters (step 1) and the verifier (steps 2 and 3) *****
 
 class Drafter(Protocol):
   """Step 1 for the loop: a draft model, prompt lookup or none (the baseline), so that the loop never asks which."""
@@ -265,8 +290,8 @@ class ModelDraft:
   back by position: it holds the sequence up to what it last fed, and the round kept a prefix of that."""
   kind = "model"
   def __init__(self, model:GPT2, sampling:Sampling, key:Tensor):
-    self.model, self.key, self.params, self.static = model, key, sampling.tensors(model.cfg.vocab_size), sampling.static
-    self.one_hot = sampling.static["greedy"]
+    self.model, self.key, self.static = model, key, sampling.static
+    self.warping, self.one_hot = sampling.tensors(model.cfg.vocab_size), sampling.static["greedy"]
   def reset(self, tokens:list[int]):
     self.model.prefill(tokens[:-1])
     self.fed = len(tokens) - 1
@@ -275,7 +300,8 @@ class ModelDraft:
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
     step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
     positions = self.model.positions.bind(start)
-    return step(self.model, positions, self.key, NONCE.bind(nonce), *self.params, *token_variables(tokens[start:]))
+    return call(step, self.model, positions, self.key, NONCE.bind(nonce), self.warping,
+                *token_variables(tokens[start:]))
   def warm(self, K:int) -> bool: return all(warm(self.model.jit(propose, w, K=K, **self.static)) for w in (1, 2))
 
 @dataclass(frozen=True)
@@ -315,86 +341,96 @@ class Verifier:
   """Steps 2 and 3: the target's pass over the block, then verify() by the rule: one JIT call (target_verify()) per
   width; a one-hot p (prompt lookup, a greedy draft) is built inside the same call."""
   def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
-    self.target, self.key, self.params, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
+    self.target, self.key, self.warping, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
     step = self.step(block.shape[1], p is None)
-    return step(self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce), *self.params)
+    return call(step, self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce),
+                self.warping)
   def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
   def warm(self, K:int, one_hot:bool, empty_rounds:bool=False) -> bool:  # empty_rounds: some propose nothing
     return all(warm(self.step(k + 1, one_hot)) for k in ((0, K) if empty_rounds else (K,)))
 
-# ***** 3. the round loop *****
+# ***** 4. the device primitives: argmax, a top-k/top-p threshold, multinomial sampling, random draws *****
+# A port writes these as its framework's argmax, sort-and-cumsum (or top-k) threshold and multinomial draw. Here each is
+# written in the form tinygrad compiles to few, parallel kernels on every backend, which its own forms are not
+# (each function says why), and exact: the same token a port's would give, or one drawn from the same distribution.
 
-def speculative_generate(target:GPT2, draft:GPT2|PromptLookup, prompt_tokens:list[int], K:int|str=2,
-                         max_new_tokens:int=256, sampling:Sampling=Sampling(), seed:int=0, eos:int|None=EOT,
-                         on_token=None, verification:str="block") -> tuple[list[int], Stats]:
-  """Speculative sampling: the new tokens (distributed exactly as the target's) and the run's Stats. draft: a GPT2 or a
-  PromptLookup. K: the lookahead, or "auto" to choose it each round (AutoLookahead). verification: a rule of RULES.
-  on_token(dict) is called for each emitted token with its id, source, index in its round, q(x) and p(x)."""
-  check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], max_new_tokens, K,
-        verification, seed)
-  key = seed_key(seed)
-  drafter = ModelDraft(draft, sampling, key) if isinstance(draft, GPT2) else draft
-  verifier = Verifier(target, sampling, key, verification)
-  return generate(drafter, verifier, prompt_tokens, K, max_new_tokens, eos, on_token)
+def best(logits:Tensor) -> Tensor:
+  """(..., 1) each row's argmax, the first of equal maxima (a port: argmax): greedy's token and sample()'s race. One
+  max over 64-bit keys, a logit's order in the high half and its reversed index in the low: tinygrad's argmax is two
+  reductions."""
+  bits = logits.float().bitcast(dtypes.int32)
+  order = (bits < 0).where(-(bits & 0x7fffffff), bits)   # sign and magnitude as a signed int: ordered as the floats
+  last = logits.shape[-1] - 1
+  # unsigned, so that the max starts from 0 (tinygrad writes int64's minimum as a literal that clang warns about)
+  high = (order.cast(dtypes.int64) + 2**31).cast(dtypes.uint64) * 2**32
+  keys = high + (last - Tensor.arange(last + 1, dtype=dtypes.uint64))
+  return last - (keys.max(-1, keepdim=True) & 0xffffffff).cast(dtypes.int32)
 
-def autoregressive_generate(target:GPT2, prompt_tokens:list[int], max_new_tokens:int=256, sampling:Sampling=Sampling(),
-                            seed:int=0, eos:int|None=EOT, on_token=None) -> tuple[list[int], Stats]:
-  """The baseline: the target alone, one token per pass (rounds that draft nothing), same warps, KV cache and JIT."""
-  check([target], prompt_tokens or [EOT], max_new_tokens, 1, seed=seed)
-  return generate(NoDraft(), Verifier(target, sampling, seed_key(seed), "token"), prompt_tokens, 0, max_new_tokens, eos,
-                  on_token)
+def keep_largest(probs:Tensor, weight:Tensor, enough:Tensor) -> Tensor:
+  """Mask (N, V) of the probabilities >= the largest threshold t for which the weight of the probabilities >= t is at
+  least enough, per row: top-k counts them, top-p sums their mass (a port: the k-th largest value; the sorted
+  probabilities' cumulative sum reaching top_p). No sort: a search over the float32 bit patterns,
+  which order non-negative floats, testing 3 thresholds a step, so that t is exact after 15 steps. Integer weights:
+  pocl sums floats one at a time, integers in vectors."""
+  bits = probs.float().bitcast(dtypes.int32).contiguous()
+  ends = Tensor.arange(2, dtype=dtypes.int32)                               # made on the device: no copy from the host
+  # lo and hi in one tensor, one kernel updating both: [0, the largest] (no threshold above it has any weight),
+  # materialized so that every step is the same kernels
+  lohi = (ends * bits.max(-1, keepdim=True)).contiguous()
+  for _ in range(15):                                                       # 4 ways a step: 2 bits of 30 (probs <= 1.0)
+    lo, hi = lohi[:, :1], lohi[:, 1:]                                       # enough at lo, nothing above hi
+    step = (hi - lo) // 4 + 1                                               # lo + 3 step <= hi + 3: no overflow
+    mids = lo + step * Tensor.arange(1, 4, dtype=dtypes.int32)              # (N, 3), ascending
+    above = (bits.unsqueeze(1) >= mids.unsqueeze(-1)).where(weight.unsqueeze(1), 0)   # (N, 3, V)
+    ok = (above.sum(-1) >= enough) & (mids <= hi)                           # a prefix of trues: the weight is monotone
+    passed = ok.cast(dtypes.int32).sum(-1, keepdim=True)
+    # [lo + passed step, lo + (passed + 1) step - 1]
+    lohi = (lo + (passed + ends) * step - ends).minimum(hi)
+  return (bits >= lohi[:, :1]).float()
 
-def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|str, max_new_tokens:int, eos:int|None,
-             on_token) -> tuple[list[int], Stats]:
-  """The rounds, until max_new_tokens or an EOS. Round r draws from the random streams 2r (draft) and 2r+1 (verify)."""
-  tokens = list(prompt_tokens) or [EOT]          # an empty prompt is unconditional generation after <|endoftext|>
-  stats = Stats(K=K, draft=drafter.kind, verification=verifier.rule if K else "")
-  auto = prepare(drafter, verifier, K, tokens[0], stats)
-  verifier.target.prefill(tokens[:-1]); drafter.reset(tokens)
-  out = Output(tokens, max_new_tokens, eos, on_token, stats)
-  start = synchronize()
-  while not out.done:
-    t0 = time.perf_counter()
-    k = auto.choose() if auto else K
-    block, p = drafter.propose(tokens, k, nonce=2 * stats.rounds)                        # 1. x~_1..x~_k ~ p
-    # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
-    # (the target's cache rolls back by position, as the draft's). Nothing waits in between: Python enqueues the
-    # verify step while the draft's last step runs.
-    result = read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), stats)
-    drafted = block.shape[1] - 1                                         # drafted < k: prompt lookup found less
-    events = round_events(result, drafted)
-    if auto: auto.update(k, len(events), time.perf_counter() - t0, drafted)
-    stats.add_round(drafted, len(events) - 1)
-    out.emit(events)
-  return out.new, stats.finish(start, len(out.new))
+BLOCK = 64  # sample() draws a block of this many tokens, then a token of it
 
-def round_events(result:list[float], K:int) -> list[dict]:
-  """verify()'s packed result -> the round's tokens: the kept drafts, then the resampled, bonus or (K 0) target
-  token."""
-  accepted, token, qx, px = int(result[0]), int(result[1]), result[4+K:4+2*K], result[4+2*K:]
-  events = [dict(id=int(x), source="accepted", index=i, q=qx[i], p=px[i]) for i, x in enumerate(result[4:4+accepted])]
-  source = "resampled" if accepted < K else "bonus" if K else "target"
-  return events + [dict(id=token, source=source, index=accepted, q=result[2], p=result[3] if accepted < K else None)]
+def uniforms_per_draw(V:int) -> int:
+  """The uniforms sample() takes for one row of V probabilities: one per block, and one per token of a block."""
+  return -(-V // BLOCK) + BLOCK
 
-class Output:
-  """The sequence so far and the stopping rules: exactly max_new_tokens, and nothing after an EOS."""
-  def __init__(self, prompt_tokens:list[int], max_new_tokens:int, eos:int|None, on_token, stats:Stats):
-    self.tokens, self.new, self.done = prompt_tokens, [], False
-    self.max_new_tokens, self.eos, self.on_token, self.stats = max_new_tokens, eos, on_token, stats
-  def emit(self, events:list[dict]) -> None:
-    """Append a round's tokens in order, stopping at the first that ends the output (the rest of the block is
-    dropped)."""
-    for e in events:
-      self.new.append(e["id"]); self.tokens.append(e["id"])
-      self.stats.sources[e["source"]] = self.stats.sources.get(e["source"], 0) + 1
-      if self.on_token: self.on_token(e)
-      if len(self.new) == self.max_new_tokens or e["id"] == self.eos:
-        self.done = True
-        return
+def sample(probs:Tensor, u:Tensor) -> Tensor:
+  """One token per row, distributed as probs (a port: multinomial sampling, torch.multinomial or
+  jax.random.categorical), from u ~ U(0,1) (rows, uniforms_per_draw(V)): two exponential races,
+  argmax w/(-log u) (Gumbel-max with one log), first of the blocks by their mass, then of the chosen block's tokens by
+  their probability, so P(block) P(token | block) = probs; zero-probability tokens never. A race over every token
+  would draw and take the log of V uniforms a row, a draw's main cost on a CPU. Materialized: a kernel indexing by it
+  would redo the races."""
+  *rows, V = probs.shape
+  B = -(-V // BLOCK)                                                              # blocks, the last padded with zeros
+  blocks = probs.reshape(-1, V).pad(((0, 0), (0, B * BLOCK - V))).reshape(-1, B, BLOCK)
+  u = u.reshape(blocks.shape[0], -1)
+  # (N, B), materialized: fused into the race below, a GPU would sum every block and take every log on one thread
+  keys = race(blocks.sum(-1), u[:, :B]).contiguous()
+  block = best(keys).contiguous()                                                 # (N, 1), read by the second race
+  chosen = (Tensor.arange(B) == block).unsqueeze(-1).where(blocks, 0).sum(1)     # (N, BLOCK): its probabilities
+  return (block * BLOCK + best(race(chosen, u[:, B:]))).reshape(rows).contiguous()
 
-# ***** 4. the plumbing: device inputs, warm-up, -K auto, timing, statistics *****
+def race(weights:Tensor, u:Tensor) -> Tensor:
+  """An exponential race's keys, weight / E with E = -log u ~ Exp(1): the largest is each one's with probability
+  weight / sum. No NaN whatever the device's log and NaN: E is at least 2^-126 (a log may round u near 1 to 0), and a
+  zero weight gets -1, below every other key, where 0 / 0 would be a NaN that best() ranks first if its sign is +."""
+  return (weights > 0).where(weights / (-u.log()).maximum(2**-126), -1)
+
+def uniform(key:Tensor, nonce:int|UOp, *shape:int) -> Tensor:
+  """U(0, 1) draws from stream `nonce` of the run's threefry key (a port: its framework's seeded uniform draws; a
+  numbered stream per call, so that a run is reproduced from its seed)."""
+  counter = Tensor(nonce).cast(dtypes.uint32).reshape(1).pad(((0, 1),))       # threefry's 64-bit counter: [nonce, 0]
+  return unit_interval(Tensor.random_bits(key, counter, math.prod(shape))).reshape(*shape)
+
+def unit_interval(bits:Tensor) -> Tensor:
+  """uint32 random bits -> (i + 1/2) / 2^23, i their top 23 bits: each value exact in float32 and strictly inside (0, 1)
+  (from 24 bits the last, (2^24 - 1/2) / 2^24, would round to 1.0)."""
+  return ((bits >> 9).float() + 0.5) * 2**-23
+
+# ***** 5. the plumbing: device inputs, warm-up, -K auto, statistics, checks *****
 
 # a run numbers its random draws (one nonce per JIT call that draws) and passes the number as a bound variable: a new
 # value reaches the compiled function without a host-to-device copy, and nothing recompiles
@@ -402,6 +438,7 @@ NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
+_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
 _token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
 def device_tokens(tokens:list[int]) -> Tensor:
   """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device, built by a compiled kernel per width from
@@ -421,10 +458,16 @@ def token_variables(tokens:list[int]) -> list[UOp]:
 def token_tensor(ids:tuple[UOp, ...]) -> Tensor:  # (1, w) int32, computed inside the kernels that read it
   return Tensor.stack(*map(Tensor, ids)).cast(dtypes.int32).reshape(1, len(ids))
 
+_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def call(step, *args):
+  """A compiled step's call, counted for warm()."""
+  _calls[step] = _calls.get(step, 0) + 1
+  return step(*args)
+
 def warm(step) -> bool:
-  """Whether a compiled step's calls are now replays: it ran plainly, was captured, and replayed once more (the first
-  replay links its kernels). tinygrad's TinyJit counts calls in cnt; the engine's steps count alike."""
-  return step.cnt >= 3
+  """Whether a compiled step's calls are now replays: a TinyJit runs its function plainly, captures it on its second
+  call and links its kernels on the first replay, so from the fourth call on nothing compiles."""
+  return _calls.get(step, 0) >= 3
 
 def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int, stats:Stats) -> AutoLookahead|None:
   """Before the prompt: t_target, every step of the run warm, the draft's costs (the seconds in time_warmup); -K auto's
@@ -452,6 +495,7 @@ def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) 
   return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
 
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
+_decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
 def time_target_decode(verifier:Verifier, token:int) -> float:
   """Seconds of a round of the target alone (its one-token pass and draw, as the baseline pays them), measured once per
   target at position 0 before the prefill rewrites it: the best of 3 once the step is warm."""
@@ -464,7 +508,7 @@ def time_target_decode(verifier:Verifier, token:int) -> float:
 def time_draft_step(drafter:Drafter, K:int, token:int) -> float:
   """Seconds of a drafted token: a proposal of K (a model's steps and draws, or a lookup and its copy to the device)
   timed alone at position 1 before the prefill rewrites it, the best of 3, over K. The rounds do not time their phases:
-  a synchronization between them would cost every round (6-12% a token on pocl, 2026-11-26)."""
+  a synchronization between them would cost every round (docs/measurements.md)."""
   drafter.reset([token])
   return best_seconds(lambda: drafter.propose([token, token], K, 0)) / K
 
@@ -511,6 +555,7 @@ class AutoLookahead:
 
 # -K auto's estimate per target (weakly: its entries go with it), then per draft model and choices
 _auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
+_auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
 def auto_lookahead(drafter:Drafter, verifier:Verifier) -> AutoLookahead:
   """The -K auto estimate for this target, draft and structural choices, kept from run to run: a later run starts
   from what the earlier ones measured instead of spending its first rounds trying every K."""
@@ -518,15 +563,6 @@ def auto_lookahead(drafter:Drafter, verifier:Verifier) -> AutoLookahead:
   key = (draft, *sorted(verifier.static.items()))
   by_position = verifier.static["greedy"] or verifier.static["rule"] == "token"
   return _auto.setdefault(verifier.target, {}).setdefault(key, AutoLookahead(by_position))
-
-def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
-
-def best_seconds(fn, reps:int=3) -> float:
-  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does."""
-  def once() -> float: t0 = synchronize(); fn(); return synchronize() - t0
-  return min(once() for _ in range(reps))
-
-def read(t:Tensor, stats:Stats) -> list: stats.host_syncs += 1; return t.tolist()   # the round's one host read
 
 @dataclass
 class Stats:
@@ -589,7 +625,7 @@ def check(models_:list[GPT2], prompt_tokens:list[int], max_new_tokens:int, K:int
     raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + max new tokens ({max_new_tokens}) + K ({K}) exceeds the "
                      f"context of {context}")
 
-# ***** 5. the command line *****
+# ***** 6. the command line *****
 
 class Printer:
   """Streams decoded text to stdout; on a terminal, draft-accepted tokens in one colour, target-produced ones in
@@ -682,13 +718,9 @@ def read_prompt(path:str) -> str:
 
 def main(argv=None) -> int:
   args, trace = parse_args(argv), None
-  # pocl's compiler counts its warnings on stderr ('1 warning generated.'), e.g. for the parentheses of tinygrad's
-  # if ((a==0)); the kernels are right, so its warnings are off unless the user sets pocl's flags
-  os.environ.setdefault("POCL_EXTRA_BUILD_FLAGS", "-w")
   try:
     models.check_device()
-    if args.self_check:   # the porter's check, beside the tests it is written like
-      sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+    if args.self_check:   # the porter's check (self_check.py)
       import self_check
       return 1 if self_check.run("float32" if args.dtype == "auto" else args.dtype) else 0
     sampling = Sampling(args.temperature, args.top_k, args.top_p)

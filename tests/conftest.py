@@ -2,13 +2,13 @@
 
 The device is tinygrad's, chosen by DEV as for users; --dtype float16 runs the models in half precision (CI runs the
 tests marked `backend` on a second device, in both dtypes)."""
-import atexit, json, os, pathlib, shutil, struct, sys, tempfile
+import atexit, os, pathlib, shutil, sys, tempfile
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]   # the product, and the tools some tests run
 # offline: the shared copy of the tokenizer, also where the environment names a cache of its own (which may lack it)
 if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
 # captured steps (models/gpt2.py, Step) go to a store of the run's own, never the user's: a run of the suite captures
@@ -26,7 +26,7 @@ elif "POCL_CACHE_DIR" in os.environ:
 
 # every kernel a test compiles is checked by tinygrad's code generator, which proves each load and store index inside its
 # buffer (CHECK_OOB=1, with the z3 solver): an out-of-bounds access fails its test as it compiles, not only when it
-# happens to touch an unmapped page (tests/kernel_bounds.py, README Tests)
+# happens to touch an unmapped page (tools/kernel_bounds.py, README Tests)
 os.environ.setdefault("CHECK_OOB", "1")
 # pytest-xdist's workers fill the cores already: tinygrad's compile pool (PARALLEL: one spawned process a worker there)
 # would add its pickling and nothing in parallel (docs/tests.md)
@@ -38,18 +38,16 @@ import models  # noqa: E402
 # 256 MB, hours in the interpreter)
 INTERPRETER = os.environ.get("DEV", "").startswith("PYTHON")
 if INTERPRETER:
-  measured_best = models.engine.measure.best_seconds
-  models.engine.measure.best_seconds = lambda fn, reps=3, before=None: measured_best(fn, 1)
+  measured_best = models.engine.choice.best_seconds
+  models.engine.choice.best_seconds = lambda fn, reps=3, before=None: measured_best(fn, 1)
 
 @pytest.fixture(scope="session", autouse=True)
 def interpreter_kernels():
   if not INTERPRETER: yield; return
-  with models.engine.everywhere(): yield
-from self_check import chi2_sf, np_gpt2_logits, write_safetensors  # noqa: E402,F401
+  with models.engine.engine_kernels(): yield
 
-PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
-           "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
-           "In this tutorial we", "Modules can be imported", "The garbage collector", "Strings are immutable"]
+from self_check import chi2_sf, np_gpt2_logits, random_gpt2, read_safetensors, write_checkpoint, write_safetensors  # noqa
+from benchmark import PROMPTS  # noqa: E402,F401  (the shared pair's prompts, the benchmarks' and the tests')
 
 def pytest_addoption(parser):
   parser.addoption("--dtype", choices=["float32", "float16"], default="float32", help="precision the models are loaded in")
@@ -96,31 +94,7 @@ def enc():
 
 def random_weights(cfg:dict, seed:int, scale:float=0.3) -> dict[str, np.ndarray]:
   """GPT-2 weights as Hugging Face stores them: Conv1D kernels (in, out), the causal-mask buffers, no lm_head."""
-  rng, C, V = np.random.default_rng(seed), cfg["n_embd"], cfg["vocab_size"]
-  w = lambda *shape: (rng.standard_normal(shape) * scale).astype(np.float32)
-  out = {"wte.weight": w(V, C), "wpe.weight": w(cfg["n_positions"], C), "ln_f.weight": 1 + w(C), "ln_f.bias": w(C)}
-  for i in range(cfg["n_layer"]):
-    h = f"h.{i}."
-    out |= {h+"ln_1.weight": 1 + w(C), h+"ln_1.bias": w(C), h+"ln_2.weight": 1 + w(C), h+"ln_2.bias": w(C),
-            h+"attn.c_attn.weight": w(C, 3*C), h+"attn.c_attn.bias": w(3*C), h+"attn.c_proj.weight": w(C, C),
-            h+"attn.c_proj.bias": w(C), h+"mlp.c_fc.weight": w(C, 4*C), h+"mlp.c_fc.bias": w(4*C),
-            h+"mlp.c_proj.weight": w(4*C, C), h+"mlp.c_proj.bias": w(C),
-            h+"attn.bias": np.tril(np.ones((cfg["n_positions"],)*2, np.float32))[None, None]}
-  return out
-
-def read_safetensors(fn:pathlib.Path) -> dict[str, np.ndarray]:
-  raw = fn.read_bytes()
-  n = struct.unpack("<Q", raw[:8])[0]
-  header = json.loads(raw[8:8+n])
-  return {k: np.frombuffer(raw[8+n+v["data_offsets"][0]:8+n+v["data_offsets"][1]], np.float32).reshape(v["shape"])
-          for k, v in header.items() if k != "__metadata__"}
-
-def write_checkpoint(path:pathlib.Path, cfg:dict, weights:dict[str, np.ndarray], prefixed:bool=False) -> pathlib.Path:
-  path.mkdir(parents=True, exist_ok=True)
-  (path / "config.json").write_text(json.dumps({"model_type": "gpt2", "activation_function": "gelu_new",
-                                                "layer_norm_epsilon": 1e-5, **cfg}))
-  write_safetensors(path / "model.safetensors", {("transformer." if prefixed else "") + k: v for k, v in weights.items()})
-  return path
+  return random_gpt2(seed, cfg, scale=scale, masks=True)
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=256)
 

@@ -1,4 +1,4 @@
-"""tests/device_report.py: its luggage (the shared pair, the tokenizer and tinygrad's wheel packed to travel to a GPU
+"""tools/device_report.py: its luggage (the shared pair, the tokenizer and tinygrad's wheel packed to travel to a GPU
 machine, unpacked where it runs), and the documented call rehearsed as a lent machine runs it: what comes back, also
 from a run killed mid-stage."""
 import contextlib, json, os, pathlib, re, shutil, struct, subprocess, sys, time
@@ -82,7 +82,7 @@ def rehearsal(tmp_path, *extra:str, stages=("device", "headline", "pair")) -> tu
   (empty := tmp_path / "no-tokenizer").mkdir()
   out = tmp_path / "lease-out" / "report"
   command = documented_call().replace("DEV=CUDA ", "").replace("$OUT", str(out.parent))
-  cmd = [sys.executable if w == "python3" else str(ROOT / w) if w.startswith("tests/") else w for w in command.split()]
+  cmd = [sys.executable if w == "python3" else str(ROOT / w) if w.startswith("tools/") else w for w in command.split()]
   env = {**os.environ, "DEV": "CPU", "PYTHONPATH": str(blocked(tmp_path / "bare", "tinygrad", "z3")),
          "TIKTOKEN_CACHE_DIR": str(empty)}
   return cmd + ["--tiny", "--scratch", str(tmp_path / "scratch"), "--stages", *stages, "--slack", str(SLACK),
@@ -145,7 +145,7 @@ def naming(folder:pathlib.Path) -> list[str]:
   return alive
 
 def test_the_profile_predicts_with_the_constants_of_the_gpu_it_is_on():
-  """tests/gpu_profile.py's model takes the copy rate and multiprocessors of the GPU nvidia-smi names (an H200's are
+  """tools/gpu_profile.py's model takes the copy rate and multiprocessors of the GPU nvidia-smi names (an H200's are
   not an H100's); where it names none of its GPUs (no nvidia-smi, another GPU), the H100's, which the report says."""
   import gpu_profile
   try:

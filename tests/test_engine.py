@@ -10,7 +10,8 @@ from tinygrad.codegen import to_program_cache
 from tinygrad.helpers import GlobalCounters, NUM_CPU_THREADS
 import models, spec
 from models import GPT2, GPT2Config, engine
-from models.engine import attention, lanes, linear, matvec, measure, native, norm, replay, store
+from models.engine import attention, choice, device, lanes, linear, matvec, native, norm, replay, store
+from models.engine.choice import CHOSEN, TINYGRAD, Way
 from conftest import ROOT, TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
 
 def logits(model, tokens, start_pos=0) -> np.ndarray:
@@ -25,9 +26,13 @@ def assert_close(actual, expected):
 def disk(monkeypatch):
   """tinygrad's disk cache of measured choices, empty and this test's own."""
   table = {}
-  monkeypatch.setattr(measure, "diskcache_get", lambda kind, key: table.get((kind, key)))
-  monkeypatch.setattr(measure, "first_stored", lambda kind, key, val: table.setdefault((kind, key), val))
+  monkeypatch.setattr(choice, "cached", lambda kind, key: table.get((kind, key)))
+  monkeypatch.setattr(choice, "first_stored", lambda kind, key, val: table.setdefault((kind, key), val))
   return table
+
+def fresh_choices(monkeypatch) -> None:
+  """This process's choices empty meanwhile: the next choice measures."""
+  monkeypatch.setattr(CHOSEN, "measured", {kind: {} for kind in CHOSEN.measured})
 
 def layer(H:int, P:int, D:int, cache:Tensor|None=None) -> models.gpt2.Attention:
   """An attention layer of H heads of D over P positions, its cache given."""
@@ -118,7 +123,7 @@ def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk
   run = lambda: Tensor([1.0, 2.0 + (batches[0].native and bool(wrong))])
   def costs(replay_s, native_s):
     seconds = lambda run, reps=3: timed.append(batches[0].native) or (native_s if batches[0].native else replay_s)
-    monkeypatch.setattr(measure, "best_seconds", seconds)
+    monkeypatch.setattr(native, "best_seconds", seconds)
   costs(2e-3, 1e-3)
   assert native.choose(None, run, "step a") is True and [b.native for b in batches] == [True, True, False] and timed
   timed.clear(); costs(1e-3, 2e-3)
@@ -285,23 +290,23 @@ def test_lanes_gelu_kernel_finishes_the_layer(T):
 def outputs(value:float): return [np.full((2, 3), value, np.float32)]
 
 def test_fastest_measures_once_per_machine(disk, capfd):
-  """measure.fastest() runs every candidate, keeps the fastest of those whose outputs agree with the first's (tinygrad's
+  """choice.fastest() runs every candidate, keeps the fastest of those whose outputs agree with the first's (tinygrad's
   kernels), and caches it on disk: a second process (the same disk) measures nothing, and says nothing."""
   timed = []
   def candidate(key, seconds, value=1.0): return lambda: timed.append(key) or (seconds, outputs(value))
   candidates = {None: candidate(None, 2.0), "a": candidate("a", 1.0, 1.00001), "b": candidate("b", 1.5)}
-  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and timed == [None, "a", "b"]
-  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and len(timed) == 3
+  assert choice.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and timed == [None, "a", "b"]
+  assert choice.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "a" and len(timed) == 3
   assert capfd.readouterr().err == "" and list(disk.values()) == [("a",)]
 
 RACE = """
 import os, sys, time
-from models.engine import measure
-read = measure.diskcache_get
+from models.engine import choice, internals
+read = internals.diskcache_get
 def slow_read(kind, key): value = read(kind, key); time.sleep(0.5); return value   # a put between read and write
-measure.diskcache_get = slow_read
+internals.diskcache_get = slow_read
 time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
-print(measure.first_stored("spec_test", "k", (os.getpid(),))[0])
+print(choice.first_stored("spec_test", "k", (os.getpid(),))[0])
 """
 
 def test_a_choice_another_process_stored_first_stands(tmp_path):
@@ -325,15 +330,15 @@ def test_a_fast_candidate_with_other_values_never_wins(disk, capfd):
   a candidate counts as agreeing."""
   candidates = {None: lambda: (2.0, outputs(1.0)), "wrong": lambda: (0.1, outputs(1.5)), "nan": lambda: (0.1, outputs(np.nan)),
                 "right": lambda: (1.0, outputs(1.0))}
-  assert measure.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "right" and disk == {}
+  assert choice.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "right" and disk == {}
   lines = capfd.readouterr().err.splitlines()
   assert len(lines) == 2 and all("test kernel" in l and "computes other values" in l for l in lines)
   assert "wrong" in lines[0] and "5.0e-01" in lines[0] and "nan" in lines[1] and "inf" in lines[1]
   half = {None: lambda: (2.0, outputs(1.0)), "close": lambda: (1.0, outputs(1.002))}
-  assert measure.fastest("spec_test", ("h",), half, "test kernel", dtypes.float16, length=6400) == "close"
-  assert measure.fastest("spec_test", ("f",), half, "test kernel", dtypes.float32, length=6400) is None
+  assert choice.fastest("spec_test", ("h",), half, "test kernel", dtypes.float16, length=6400) == "close"
+  assert choice.fastest("spec_test", ("f",), half, "test kernel", dtypes.float32, length=6400) is None
   dropped = {None: lambda: (2.0, outputs(1.0)), "off": lambda: (1.0, outputs(1.005))}   # 1e-2 let it through
-  assert measure.fastest("spec_test", ("d",), dropped, "test kernel", dtypes.float16, length=768) is None
+  assert choice.fastest("spec_test", ("d",), dropped, "test kernel", dtypes.float16, length=768) is None
 
 def test_a_candidate_that_cannot_run_drops_out_and_nothing_is_cached(disk, capfd):
   """A candidate that fails to compile or run drops out with one line naming it and the error; the fastest of the
@@ -343,64 +348,71 @@ def test_a_candidate_that_cannot_run_drops_out_and_nothing_is_cached(disk, capfd
   def broken(): runs.append("broken"); raise RuntimeError("too many resources requested for launch")
   candidates = {None: lambda: (2.0, outputs(1.0)), (8, 2): broken, (8, 1): lambda: (1.0, outputs(1.0))}
   for _ in range(2):
-    assert measure.fastest("spec_test", ("k",), candidates, "matvec kernel", dtypes.float32) == (8, 1)
+    assert choice.fastest("spec_test", ("k",), candidates, "matvec kernel", dtypes.float32) == (8, 1)
     lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
     assert len(lines) == 1 and "matvec kernel (8, 2)" in lines[0] and "too many resources" in lines[0]
   assert runs == ["broken", "broken"] and disk == {}
 
 def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
-  """Options of one family after its first are timed only while the first is within measure.PRUNE of the fastest so
+  """Options of one family after its first are timed only while the first is within choice.PRUNE of the fastest so
   far: the matvec kernel's options on a device where it loses (a CPU's OpenCL) cost one measurement, not six."""
   timed = []
   def candidate(key, seconds): return lambda: timed.append(key) or (seconds, outputs(1.0))
   family = lambda key: "m" if isinstance(key, tuple) else None
   slow = {None: candidate(None, 1.0), "lanes": candidate("lanes", 0.5), (1,): candidate((1,), 2.0), (2,): candidate((2,), 0.1)}
-  assert measure.fastest("spec_test", ("slow",), slow, "test", dtypes.float32, family) == "lanes" and timed == [None, "lanes", (1,)]
+  assert choice.fastest("spec_test", ("slow",), slow, "test", dtypes.float32, family) == "lanes" and timed == [None, "lanes", (1,)]
   close = {None: candidate(None, 1.0), (1,): candidate((1,), 1.2), (2,): candidate((2,), 0.9)}
-  assert measure.fastest("spec_test", ("close",), close, "test", dtypes.float32, family) == (2,) and timed[3:] == [None, (1,), (2,)]
+  assert choice.fastest("spec_test", ("close",), close, "test", dtypes.float32, family) == (2,) and timed[3:] == [None, (1,), (2,)]
 
 def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits and the matvec kernel's options
-  where the device has work-groups, over enough of the weights (measure.enough(): the first to reach MEASURE_BYTES, or all) on
+  where the device has work-groups, over enough of the weights (choice.enough(): the first to reach MEASURE_BYTES, or all) on
   random rows, and keeps the fastest; a second process reads the disk."""
-  monkeypatch.setattr(linear, "use", {})
-  monkeypatch.setattr(linear, "lost", set())
+  fresh_choices(monkeypatch)
+  monkeypatch.setattr(linear, "matvec_outpaced", set())
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
-  costs, timed = {None: 2.0, "lanes": 1.5, "four": 1.6, "row": 1.75, "wide": 1.8, (64, 1): 1.0, (32, 1): 0.5}, []
+  lanes_, matvec_ = lambda layout: Way("lanes", layout), lambda option: Way("matvec", option)
+  costs = {TINYGRAD: 2.0, lanes_("lanes"): 1.5, lanes_("four"): 1.6, lanes_("row"): 1.75, lanes_("wide"): 1.8,
+           matvec_((64, 1)): 1.0, matvec_((32, 1)): 0.5}
+  timed = []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
   monkeypatch.setattr(linear, "captured", lambda fn, x, before, also: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
-  monkeypatch.setattr(measure, "MEASURE_BYTES", 24 * 64 * 4 * 2)
+  monkeypatch.setattr(choice, "MEASURE_BYTES", 24 * 64 * 4 * 2)
   weights, biases = [Tensor.empty(24, 64)] * 3, [Tensor.empty(24)] * 3
-  assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1)
+  assert linear.choose(3, weights, biases, dtypes.float32) == matvec_((32, 1))
   assert timed == [(way, (3, 64)) for way in costs for _ in range(2)], "not the two first weights, or not every way"
-  monkeypatch.setattr(linear, "use", {})
-  assert linear.choose(3, weights, biases, dtypes.float32) == (32, 1) and len(timed) == 2 * len(costs), "measured again"
-  assert linear.ways(1, 24, 32)[:5] == [None, "lanes", "four", "row", (64, 1)] and "lanes" not in linear.ways(1, 24, 30)
+  fresh_choices(monkeypatch)
+  assert linear.choose(3, weights, biases, dtypes.float32) == matvec_((32, 1)) and len(timed) == 2 * len(costs), \
+    "measured again"
+  assert linear.ways(1, 24, 32)[:5] == [TINYGRAD, lanes_("lanes"), lanes_("four"), lanes_("row"), matvec_((64, 1))]
+  assert lanes_("lanes") not in linear.ways(1, 24, 30)
   # where the matvec kernel's first option loses clearly to one role, the process times it on no other of that width
-  costs[(64, 1)] = 3.0
-  assert linear.choose(3, [Tensor.empty(40, 64)], None, dtypes.float32) == "lanes" and linear.lost == {(3, dtypes.float32)}
+  costs[matvec_((64, 1))] = 3.0
+  assert linear.choose(3, [Tensor.empty(40, 64)], None, dtypes.float32) == lanes_("lanes")
+  assert linear.matvec_outpaced == {(3, dtypes.float32)}
   del timed[:]
-  assert linear.choose(3, [Tensor.empty(56, 64)], None, dtypes.float32) == "lanes"
-  assert [w for w, _ in timed] == [None, *lanes.LAYOUTS]
+  assert linear.choose(3, [Tensor.empty(56, 64)], None, dtypes.float32) == lanes_("lanes")
+  assert [w for w, _ in timed] == [TINYGRAD, *map(lanes_, lanes.LAYOUTS)]
   del timed[:]
   linear.choose(1, [Tensor.empty(56, 64)], None, dtypes.float32)
-  assert [w for w, _ in timed] == [None, *lanes.LAYOUTS, (64, 1)], "another width: the matvec kernel timed again"
+  assert [w for w, _ in timed] == [TINYGRAD, *map(lanes_, lanes.LAYOUTS), matvec_((64, 1))], \
+    "another width: the matvec kernel timed again"
 
 def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
-  """linear.choose() times every call of a candidate after measure.evictor()'s flush, a read of MEASURE_BYTES of the
+  """linear.choose() times every call of a candidate after choice.evictor()'s flush, a read of MEASURE_BYTES of the
   device's memory through a buffer of its own: a small model's weights are timed streaming from memory, as in a pass
   (its whole model is past the caches), not from the cache that would hold one role's (docs/engine.md). The flush
   allocates nothing before it is called: a choice read from the disk times nothing."""
-  monkeypatch.setattr(linear, "use", {})
-  monkeypatch.setattr(measure, "MEASURE_BYTES", 1 << 16)
-  events, evictor = [], measure.evictor
+  fresh_choices(monkeypatch)
+  monkeypatch.setattr(choice, "MEASURE_BYTES", 1 << 16)
+  events, evictor = [], choice.evictor
   def recording():
     flush = evictor()
     return lambda: (events.append("flush"), flush())
-  monkeypatch.setattr(measure, "evictor", recording)
-  best = measure.best_seconds
-  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: best(lambda: (events.append("call"),
+  monkeypatch.setattr(choice, "evictor", recording)
+  best = choice.best_seconds
+  monkeypatch.setattr(choice, "best_seconds", lambda fn, reps=3, before=None: best(lambda: (events.append("call"),
                       fn()), reps, before))
   w = Tensor(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)).realize()
   linear.choose(1, [w], None, dtypes.float32)
@@ -410,7 +422,7 @@ def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
   flush = evictor()
   assert GlobalCounters.mem_used == before, "a flush's buffer made before its first call"
   flush()
-  assert GlobalCounters.mem_used >= before + measure.MEASURE_BYTES, "a flush reads less than MEASURE_BYTES"
+  assert GlobalCounters.mem_used >= before + choice.MEASURE_BYTES, "a flush reads less than MEASURE_BYTES"
 
 def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   """Causal attention of rows start..start+T-1 over the cache's first start positions and the block's own keys and
@@ -455,24 +467,24 @@ def test_attention_kernels_compute_attention(T):
       np.testing.assert_array_equal(after[:, 0, :, start:start + T], block, err_msg=f"{way}: the block's keys and values")
       np.testing.assert_array_equal(np.delete(after, np.s_[start:start + T], 3), np.delete(before, np.s_[start:start + T], 3))
   names = {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} | ({f"{k}_{T}_{H}_{D}" for k in ("wide_scores", "chunks", "combine")}
-                                                           if measure.work_groups() else set())
-  assert names <= attention_programs() and (len(attention.ways(D)) == 4) == measure.work_groups()
+                                                           if device.work_groups() else set())
+  assert names <= attention_programs() and (len(attention.ways(D)) == 4) == device.work_groups()
 
 def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
   """attention.choose() times every way that fits over some of the layers (on caches of their own: the model's stay as
   they are) at a short and a long context, and keeps the fastest; a second process reads the disk."""
-  monkeypatch.setattr(attention, "use", {})
-  monkeypatch.setattr(attention, "ways", lambda D: [None, "kernels", 32])
-  costs, timed = {None: 2.0, "kernels": 1.5, 32: 1.0}, []
+  fresh_choices(monkeypatch)
+  monkeypatch.setattr(attention, "ways", lambda D: [TINYGRAD, Way("rows"), Way("chunks", 32)])
+  costs, timed = {TINYGRAD: 2.0, Way("rows"): 1.5, Way("chunks", 32): 1.0}, []
   layers = [layer(2, 128, 16) for _ in range(10)]
   caches = [a.cache_kv for a in layers]
   ways = iter(w for w in costs for _ in range(2))
   monkeypatch.setattr(attention, "captured", lambda fn, qkv, pos: timed.append((next(ways), pos.unbind()[1], qkv.shape)) or (costs[timed[-1][0]], [np.ones(3)]))
-  assert attention.choose(3, layers, dtypes.float32) == 32
+  assert attention.choose(3, layers, dtypes.float32) == Way("chunks", 32)
   assert timed == [(w, p, (1, 3, 96)) for w in costs for p in (8, 96)]
   assert [a.cache_kv for a in layers] == caches, "the model's caches were replaced"
-  monkeypatch.setattr(attention, "use", {})
-  assert attention.choose(3, layers, dtypes.float32) == 32 and len(timed) == 6, "measured again"
+  fresh_choices(monkeypatch)
+  assert attention.choose(3, layers, dtypes.float32) == Way("chunks", 32) and len(timed) == 6, "measured again"
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, pytest.param(5, marks=pytest.mark.gpu), 16])
@@ -497,18 +509,19 @@ def test_norm_kernel_computes_layer_norm(T):
 def test_norm_choose_measures_every_way(monkeypatch, disk):
   """norm.choose() times every way that fits over the norms given on massive rows, compares them on ordinary rows too,
   and keeps the fastest; a second process reads the disk."""
-  monkeypatch.setattr(norm, "use", {})
+  fresh_choices(monkeypatch)
   monkeypatch.setattr(norm, "groups", lambda C: [32, 64])
-  costs, timed = {None: 2.0, "row": 1.5, 32: 1.0, 64: 1.2}, []
+  costs, timed = {TINYGRAD: 2.0, Way("row"): 1.5, Way("stats", 32): 1.0, Way("stats", 64): 1.2}, []
   ways = iter(costs)
   def captured(fn, x, also):
     timed.append((next(ways), x.shape, [o.shape for o, in also], x.numpy().max() > 1000))
     return costs[timed[-1][0]], [np.ones(3)]
   monkeypatch.setattr(norm, "captured", captured)
   norms = [norm.LayerNorm(models.gpt2.LayerNorm(48)) for _ in range(3)]
-  assert norm.choose(5, norms, dtypes.float32) == 32 and timed == [(w, (5, 48), [(5, 48)], True) for w in costs]
-  monkeypatch.setattr(norm, "use", {})
-  assert norm.choose(5, norms, dtypes.float32) == 32 and len(timed) == 4, "measured again"
+  assert norm.choose(5, norms, dtypes.float32) == Way("stats", 32)
+  assert timed == [(w, (5, 48), [(5, 48)], True) for w in costs]
+  fresh_choices(monkeypatch)
+  assert norm.choose(5, norms, dtypes.float32) == Way("stats", 32) and len(timed) == 4, "measured again"
 
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
   """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
@@ -524,25 +537,25 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
     def cast(self, dtype): return Fake(dtype)
     def contiguous(self): return self
     def realize(self): return self
-  monkeypatch.setattr(measure, "Tensor", Fake)
+  monkeypatch.setattr(choice, "Tensor", Fake)
   def seconds(cost): return lambda fn, x: (timed.append(x.dtype) or cost[x.dtype], [])
-  monkeypatch.setattr(measure, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
+  monkeypatch.setattr(choice, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
   assert models.resolve_dtype("auto", plain=True) == dtypes.float32 and timed == []
   assert models.resolve_dtype("auto") == dtypes.half and timed == [dtypes.half, dtypes.float32]
   assert models.resolve_dtype("auto") == dtypes.half and len(timed) == 2, "measured again"
   assert models.resolve_dtype("float32") == dtypes.float32 and len(timed) == 2
   disk.clear()
-  monkeypatch.setattr(measure, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
+  monkeypatch.setattr(choice, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
   assert models.resolve_dtype("auto") == dtypes.float32
   disk.clear()
   monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32])
-  monkeypatch.setattr(measure, "captured", lambda *a: pytest.fail("measured a dtype the device does not have"))
+  monkeypatch.setattr(choice, "captured", lambda *a: pytest.fail("measured a dtype the device does not have"))
   assert models.resolve_dtype("auto") == dtypes.float32
 
 @pytest.mark.backend
 @pytest.mark.quick
 def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
-  """Where the choices pick this project's kernels (engine.everywhere(): for passes of several rows the work-group
+  """Where the choices pick this project's kernels (engine.engine_kernels(): for passes of several rows the work-group
   kernels where the device has them, for one row the others), every linear layer and the lm_head of a pass run the
   matvec kernel (with the layer norm, GELU or the residual add fused in) or the lanes kernel, every layer's attention
   the GPU or the CPU design's kernels and every layer norm a norm kernel: the logits of a plain forward and of captured
@@ -551,7 +564,7 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   weights = random_weights(TINY, seed=1)
   seq = [int(t) for t in np.random.default_rng(9).integers(0, 64, 11)]
   expected = np_gpt2_logits(weights, TINY["n_head"], seq)
-  with engine.everywhere():
+  with engine.engine_kernels():
     model = load(tiny_dir / "target")
     assert_close(logits(model, seq[:5]), expected[:5])
     model.prefill(seq[:5])
@@ -559,7 +572,7 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
     one = [model(seq[10:], 10).numpy() for _ in range(2)][-1]
   assert_close(np.concatenate([five, one]), expected[5:])
   names = {p.arg.name for p in to_program_cache.values()}
-  wide = measure.work_groups()
+  wide = device.work_groups()
   linear = lambda T, N, C: f"{'matvec' if wide and T > 1 else 'lanes'}_{T}_{N}_{C}"
   assert {linear(5, 96, 32), linear(1, 32, 32), linear(1, 128, 32), linear(5, 32, 128), linear(1, 64, 32)} <= names
   five = ["wide_scores_5_2_16", "chunks_5_2_16", "combine_5_2_16"] if wide else ["scores_5_2_16", "values_5_2_16"]
@@ -574,18 +587,21 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   import tinygrad.codegen.opt.search as tinygrad_search
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
-  for module in engine.TABLES: monkeypatch.setattr(module, "use", {})
-  monkeypatch.setattr(linear, "lost", set())
+  fresh_choices(monkeypatch)
+  monkeypatch.setattr(linear, "matvec_outpaced", set())
   unsearched, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  chosen = lambda: [module.use for module in engine.TABLES]
+  chosen = lambda: list(CHOSEN.measured.values())
   assert beams == [] and chosen() == [{}, {}, {}], "a prefill searched or chose"
   assert searched.jit(GPT2.forward, engine.STEP_WIDTH + 1).search == 0 and chosen() == [{}, {}, {}]
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
   assert beams and set(beams) == {1}
-  assert {(T, N, C) for T, N, C, *_ in linear.use} == {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
-  assert set(attention.use) == {(1, 2, 256, 16, searched.dtype)} and set(norm.use) == {(1, 32, searched.dtype)}
+  measured = CHOSEN.measured
+  assert {(T, N, C) for T, N, C, *_ in measured["linear"]} == \
+    {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
+  assert set(measured["attention"]) == {(1, 2, 256, 16, searched.dtype)}
+  assert set(measured["norm"]) == {(1, 32, searched.dtype)}
   unsearched.prefill(seq[:-1])
   beams.clear()
   expected = unsearched(seq[-2:], len(seq) - 2).numpy()
@@ -643,7 +659,7 @@ def test_matvec_kernel_computes_the_formula(T):
   for N, C, widths in ((24, 32, (1, 3, 16)), (40, 256, (1, 3, 16)), (16, 800, (1, 3))):
     if T not in widths: continue
     if not matvec.fits(N, C):
-      assert not measure.work_groups() and not any(isinstance(w, tuple) for w in linear.ways(T, N, C))
+      assert not device.work_groups() and not any(w.kernel == "matvec" for w in linear.ways(T, N, C))
       continue
     rows = rng.standard_normal((T, C)) * 3 + 20
     if T == 1: rows[0, 7] = 3000
@@ -680,7 +696,7 @@ def test_matvec_options_fit_the_shape():
 DECODE_KERNELS = {"gpt2-xl": {"engine": 7 * 48 + 9, "plain": 778}, "gpt2": {"engine": 7 * 12 + 9, "plain": 202}}
 
 def test_a_decode_launches_its_pinned_kernel_count(tmp_path):
-  """tests/gpu_profile.py's capture of gpt2-xl's and gpt2's float16 decodes on tinygrad's NULL device for CUDA sm_90
+  """tools/gpu_profile.py's capture of gpt2-xl's and gpt2's float16 decodes on tinygrad's NULL device for CUDA sm_90
   (NVRTC from pip's nvidia-cuda-nvrtc, which .ci/run installs; its profile stage runs float32): their kernel counts
   pinned, and the engine's predicted time below the port's."""
   try: import nvidia   # noqa: F401
@@ -688,7 +704,7 @@ def test_a_decode_launches_its_pinned_kernel_count(tmp_path):
     if os.environ.get("CI") == "true": pytest.fail("CI must have pip's nvidia-cuda-nvrtc")
     pytest.skip("NVIDIA's compiler from pip (nvidia-cuda-nvrtc) is not installed")
   root, out = pathlib.Path(__file__).resolve().parent.parent, tmp_path / "profile.json"
-  run = subprocess.run([sys.executable, str(root / "tests" / "gpu_profile.py"), "--models", *DECODE_KERNELS, "--widths", "1",
+  run = subprocess.run([sys.executable, str(root / "tools" / "gpu_profile.py"), "--models", *DECODE_KERNELS, "--widths", "1",
                         "--dtypes", "float16", "--json", str(out)], env={**os.environ, "DEV": "NULL:CUDA:sm_90"},
                        capture_output=True, text=True, cwd=root)
   assert run.returncode == 0, run.stderr[-2000:]
@@ -709,20 +725,20 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   module, fn = {"lanes": (lanes, "lanes_kernel"), "attention": (attention, "scores_kernel"), "norm": (norm, "norm_kernel")}[kernel]
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
   monkeypatch.setattr(module, fn, broken)
-  for table in engine.TABLES: monkeypatch.setattr(table, "use", {})   # earlier tests' choices: measured here afresh
-  monkeypatch.setattr(linear, "lost", set())
+  fresh_choices(monkeypatch)   # earlier tests' choices: measured here afresh
+  monkeypatch.setattr(linear, "matvec_outpaced", set())
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)
   seq = [int(t) for t in np.random.default_rng(4).integers(0, 64, 6)]
   for m in (model, plain): m.prefill(seq[:-1])
   got, expected = model(seq[-1:], 5).numpy(), plain(seq[-1:], 5).numpy()
   lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
-  name, way, table = {"lanes": ("linear kernel", "lanes", linear), "attention": ("attention kernels", "kernels", attention),
-                      "norm": ("layer norm kernel", "row", norm)}[kernel]
-  ways = set(lanes.LAYOUTS) if kernel == "lanes" else {way}   # the lanes kernel's layouts all fail
+  name, way, kind = {"lanes": ("linear kernel", None, "linear"), "attention": ("attention kernels", Way("rows"), "attention"),
+                     "norm": ("layer norm kernel", Way("row"), "norm")}[kernel]
+  ways = {Way("lanes", l) for l in lanes.LAYOUTS} if kernel == "lanes" else {way}   # the lanes kernel's layouts all fail
   assert lines and all("no such instruction on this device" in l and name in l and any(f" {w} " in l for w in ways)
                        for l in lines)
-  assert table.use and not ways & set(table.use.values())
+  assert CHOSEN.measured[kind] and not ways & set(CHOSEN.measured[kind].values())
   assert not any(kind == f"spec_{'linear' if kernel == 'lanes' else kernel}" for kind, _ in disk), "a failure was cached"
   assert_close(got, expected)
 
@@ -731,7 +747,7 @@ def test_plain_runs_the_port_on_tinygrad_alone(tiny_dir, tmp_path, monkeypatch):
   loaded, and every kernel tinygrad's own."""
   monkeypatch.setenv("SPEC_STEP_CACHE", str(tmp_path))
   for module in (linear, attention, norm): monkeypatch.setattr(module, "fastest", lambda *a, **kw: pytest.fail("measured under plain"))
-  monkeypatch.setattr(measure, "half_pays", lambda: pytest.fail("measured under plain"))
+  monkeypatch.setattr(engine, "half_pays", lambda: pytest.fail("measured under plain"))
   model = load(tiny_dir / "target", plain=True)
   assert type(model.h[0]) is models.gpt2.Block and type(model.h[0].attn.c_attn) is nn.Linear and type(model.ln_f) is models.gpt2.LayerNorm
   before = set(to_program_cache)
@@ -758,12 +774,12 @@ def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatc
   alone; and a (K+1)-wide pass's logits within the dtype's tolerance (the kernels sum in another order)."""
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   rounds = [(1, SAMPLED), (4, GREEDY), (4, FILTERED)]
-  with engine.everywhere():
+  with engine.engine_kernels():
     pairs = [(load(tiny_dir / "target", plain=p), load(tiny_dir / "draft", plain=p)) for p in (False, True)]
     assert generations(*pairs[0], [5, 9, 2], rounds, 40) == generations(*pairs[1], [5, 9, 2], rounds, 40)
     block = [int(t) for t in np.random.default_rng(3).integers(0, 64, 5)]
     assert_close(*[target(block, 0).numpy() for target, _ in pairs])
-  wide = measure.work_groups()
+  wide = device.work_groups()
   expected = {"matvec_5_96_32", "chunks_5_2_16", "stats_5_32"} if wide else {"lanes_5_96_32", "scores_5_2_16", "norm_5_32"}
   assert expected | {"lanes_1_96_32", "scores_1_2_16", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
 
@@ -792,8 +808,8 @@ def assert_rounding_apart(engine_pair, plain_pair, prompt, ours, port, what):
 def work_groups_or_none(what:str):
   """Where the device has no work-groups (tinygrad's CPU backend) the engine's GPU kernels are no candidate: nothing to
   plant; the test checks that instead."""
-  if not measure.work_groups():
-    assert not any(isinstance(w, (int, tuple)) for w in linear.ways(1, 64, 64) + attention.ways(16)), what
+  if not device.work_groups():
+    assert not any(w.kernel in ("matvec", "chunks") for w in linear.ways(1, 64, 64) + attention.ways(16)), what
     return True
   return False
 
@@ -805,10 +821,10 @@ def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, 
   right = matvec.matvec_kernel
   def planted(*args, norm=None, **kw): return right(*args, norm=None if norm is None else norm + 1e5, **kw)
   monkeypatch.setattr(matvec, "matvec_kernel", planted)
-  monkeypatch.setattr(linear, "use", {})
-  monkeypatch.setattr(linear, "lost", set())
+  fresh_choices(monkeypatch)
+  monkeypatch.setattr(linear, "matvec_outpaced", set())
   # run once: no verdict hangs on times
-  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
+  monkeypatch.setattr(choice, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
   f = lambda *shape: Tensor(rng.standard_normal(shape).astype(np.float32)).cast(half).realize()
   N, C = 16, 128
@@ -816,7 +832,7 @@ def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, 
   lns = [types.SimpleNamespace(weight=f(C), bias=f(C), eps=1e-5)]
   way = linear.choose(3, weights, biases, half, lns=lns)
   lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
-  assert not isinstance(way, tuple) and lines and all("with its layer norm" in l for l in lines), (way, lines)
+  assert way.kernel != "matvec" and lines and all("with its layer norm" in l for l in lines), (way, lines)
   assert not any(kind == "spec_linear" for kind, _ in disk), "a choice with a wrong candidate was cached"
   x = f(3, C)
   np.testing.assert_allclose(matvec.linear(x, weights[0], biases[0], kernel=matvec.options(N, C)[0]).float().numpy(),
@@ -837,20 +853,20 @@ def test_a_candidate_wrong_on_one_kind_of_row_never_wins(monkeypatch, disk, capf
   kernel with its fused layer norm's epsilon 1e3, in float16 (linear.choose(1, [w], [b], half, lns=[ln]) at width 32,
   96 outputs, which massive rows alone let through)."""
   right_apply, right_norm = linear.apply, norm.layer_norm
-  def apply(x, w, b=None, dtype=None, ln=None, gelu=False, residual=None, way=linear.ASK):
-    if way is not None and ln is not None: x, ln = planted(wrong, x, ln)
+  def apply(x, w, b=None, dtype=None, ln=None, gelu=False, residual=None, way=None):
+    if way not in (None, TINYGRAD) and ln is not None: x, ln = planted(wrong, x, ln)
     return right_apply(x, w, b, dtype, ln, gelu, residual, way)
-  def layer_norm(x, w, b, eps, way=norm.ASK):
-    if way not in (None, norm.ASK):
+  def layer_norm(x, w, b, eps, way=None):
+    if way not in (None, TINYGRAD):
       x, ln = planted(wrong, x, types.SimpleNamespace(weight=w, bias=b, eps=eps))
       eps = ln.eps
     return right_norm(x, w, b, eps, way)
   monkeypatch.setattr(linear, "apply", apply)
   monkeypatch.setattr(norm, "layer_norm", layer_norm)
-  for module in (linear, norm): monkeypatch.setattr(module, "use", {})
-  monkeypatch.setattr(linear, "lost", set())
+  fresh_choices(monkeypatch)
+  monkeypatch.setattr(linear, "matvec_outpaced", set())
   # run once: no verdict hangs on times
-  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
+  monkeypatch.setattr(choice, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
   f = lambda *shape, dt=half: Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dt).realize()
   N, C = 96, 32
@@ -859,30 +875,32 @@ def test_a_candidate_wrong_on_one_kind_of_row_never_wins(monkeypatch, disk, capf
     ways = {"linear": linear.choose(T, [f(N, C) * 0.1], [f(N)], half, lns=[ln]), "norm": norm.choose(T, [ln], half)}
     err = capfd.readouterr().err
     lines = [l for l in err.splitlines() if "computes other values" in l]
-    assert ways == {"linear": None, "norm": None}, (T, ways, lines)
+    assert ways == {"linear": TINYGRAD, "norm": TINYGRAD}, (T, ways, lines)
     assert len(lines) == len(linear.ways(T, N, C)) - 1 + len(norm.ways(C)) - 1, err
     assert len(lines) == len(linear.ways(T, N, C)) - 1 + len(norm.ways(C)) - 1, lines
   assert not disk, "a choice with a wrong candidate was cached"
-  if not measure.work_groups() or wrong != "ordinary rows": return
+  if not device.work_groups() or wrong != "ordinary rows": return
   right_kernel = matvec.matvec_kernel
   monkeypatch.setattr(linear, "apply", right_apply); monkeypatch.setattr(norm, "layer_norm", right_norm)
   monkeypatch.setattr(matvec, "matvec_kernel", lambda *a, norm=None, **kw: right_kernel(*a, norm=norm and 1e3, **kw))
-  monkeypatch.setattr(linear, "use", {})
+  fresh_choices(monkeypatch)
   ln = types.SimpleNamespace(weight=f(C, dt=dtypes.half) * 0.1 + 1, bias=f(C, dt=dtypes.half) * 0.1, eps=1e-5)
   way = linear.choose(1, [f(N, C, dt=dtypes.half) * 0.1], [f(N, dt=dtypes.half)], dtypes.half, lns=[ln])
   lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
-  assert not isinstance(way, tuple) and any("with its layer norm" in l for l in lines), (way, lines)
+  assert way.kernel != "matvec" and any("with its layer norm" in l for l in lines), (way, lines)
 
 def test_a_choice_is_keyed_by_all_the_code_that_computes_its_candidates():
   """A measured choice's key holds the source of its module and of every module of the project it uses (helpers
-  imported by name too): a change to a helper (lanes.rows(), splits(), thread(), fits(), matvec.options(),
-  norm.shift(), the inputs it is measured on) measures the choice again."""
+  imported by name too): a change to a helper (device.row_chunk(), core_splits(), split_opts(), lanes.fits(),
+  matvec.options(), norm.shift(), the inputs it is measured on, tinygrad's internals) measures the choice again."""
   import inspect
-  for module, helpers in (("linear", [lanes.rows, lanes.splits, lanes.thread, lanes.fits, matvec.options, norm.shift,
-                                      measure.activations, measure.evictor]),
-                          ("attention", [lanes.rows, lanes.splits, lanes.thread, models.gpt2.Attention.attend]),
-                          ("norm", [norm.shift, measure.activations]), ("native", [replay.Replay.buffers])):
-    code = measure.sources(f"models.engine.{module}")
+  from models.engine import internals
+  splitting = [device.row_chunk, device.core_splits, device.split_opts]
+  for module, helpers in (("linear", splitting + [lanes.fits, matvec.options, norm.shift, choice.activations,
+                                                  choice.evictor]),
+                          ("attention", splitting + [models.gpt2.Attention.attend, internals.custom_call]),
+                          ("norm", [norm.shift, choice.activations]), ("native", [internals.Batch.refresh])):
+    code = choice.sources(f"models.engine.{module}")
     assert all(inspect.getsource(h) in code for h in helpers), module
 
 def combine_without_its_stores(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) -> UOp:
@@ -905,14 +923,14 @@ def test_an_attention_that_leaves_the_cache_unwritten_never_wins(monkeypatch, di
   context) drops out with one line."""
   if work_groups_or_none("chunks"): return
   monkeypatch.setattr(attention, "combine_kernel", combine_without_its_stores)
-  monkeypatch.setattr(attention, "use", {})
+  fresh_choices(monkeypatch)
   # run once: no verdict hangs on times
-  monkeypatch.setattr(measure, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
+  monkeypatch.setattr(choice, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   layers = [layer(2, 128, 16) for _ in range(2)]
   caches = [a.cache_kv.numpy().tobytes() for a in layers]   # bytes: an unwritten cache may hold NaN's patterns
   way = attention.choose(2, layers, dtypes.float32)
   lines = [l for l in capfd.readouterr().err.splitlines() if "computes other values" in l]
-  assert not isinstance(way, int) and lines and all("attention kernels" in l for l in lines), (way, lines)
+  assert way.kernel != "chunks" and lines and all("attention kernels" in l for l in lines), (way, lines)
   assert [a.cache_kv.numpy().tobytes() for a in layers] == caches, "the model's caches were written"
 
 @pytest.mark.backend
@@ -926,7 +944,7 @@ def test_one_pass_layer_norms_cancel_nothing_at_a_massive_element(C):
   rng = np.random.default_rng(C)
   rows = [0, C // 2, C - 1, 7]
   x = rng.standard_normal((len(rows) + 1, C)).astype(np.float32)
-  for t, at in enumerate(rows): x[t, at] = measure.MASSIVE * (-1) ** t
+  for t, at in enumerate(rows): x[t, at] = choice.MASSIVE * (-1) ** t
   x[-1] += 20
   w, b = 1 + 0.1 * rng.standard_normal(C).astype(np.float32), 0.1 * rng.standard_normal(C).astype(np.float32)
   W = (rng.standard_normal((8, C)) * 0.05).astype(np.float32)

@@ -312,11 +312,11 @@ def test_block_verification_stops_at_the_longest_allowed_prefix():
 
 def run_verify(p:np.ndarray, q:np.ndarray, drafted:list[int], seed:int, rule:str):
   block = Tensor([[0] + drafted], dtype=dtypes.int32)
-  temperature, top_k, top_p = spec.Sampling(1.0).tensors(q.shape[1])
+  warping = spec.Sampling(1.0).tensors(q.shape[1])
   # logits whose temperature-1 softmax is q (zeros -> -inf is fine for softmax)
   with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q).astype(np.float32))
   out = spec.verify(q_logits, Tensor(p.astype(np.float32)), block, spec.seed_key(seed), 0,
-                    temperature, top_k, top_p, **spec.Sampling(1.0).static, rule=rule).tolist()
+                    warping, **spec.Sampling(1.0).static, rule=rule).tolist()
   return int(out[0]), int(out[1])
 
 both_rules = pytest.mark.parametrize("rule", list(spec.RULES))
@@ -340,7 +340,7 @@ def test_verify_rejects_a_token_the_target_never_emits_and_resamples_from_the_re
 def test_one_hot_verify_is_verify_with_a_one_hot_p(rule):
   # the same random stream, so the same decisions: one_hot builds p = onehot(x~) from the block, nothing else
   rng, K, V = np.random.default_rng(3), 3, 6
-  temperature, top_k, top_p = spec.Sampling(1.0).tensors(V)
+  warping = spec.Sampling(1.0).tensors(V)
   for seed in range(10):
     q = rng.random((K + 1, V)) ** 3
     drafted = [int(x) for x in rng.integers(0, V, K)]
@@ -348,7 +348,7 @@ def test_one_hot_verify_is_verify_with_a_one_hot_p(rule):
     else: q[0, drafted[0]] = 0.0                               # certain to be rejected
     with np.errstate(divide="ignore"): q_logits = Tensor(np.log(q / q.sum(1, keepdims=True)).astype(np.float32))
     block = Tensor([[0] + drafted], dtype=dtypes.int32)
-    args = (block, spec.seed_key(seed), 0, temperature, top_k, top_p)
+    args = (block, spec.seed_key(seed), 0, warping)
     looked_up = spec.verify(q_logits, None, *args, **spec.Sampling(1.0).static, rule=rule, one_hot=True).tolist()
     assert looked_up == spec.verify(q_logits, Tensor(np.eye(V, dtype=np.float32)[drafted]), *args, **spec.Sampling(1.0).static,
                                     rule=rule).tolist()
@@ -360,7 +360,7 @@ def test_greedy_verify_is_the_rule_on_one_hot_distributions(rule):
   # the first row that disagrees, or of q_K+1) and draw nothing. The rule itself, given the one-hot p and q that
   # temperature 0 warps to and draws r anywhere in (0, 1), must decide the same: n, and a residual one-hot on that token
   rng, K, V = np.random.default_rng(4), 4, 7
-  temperature, top_k, top_p = spec.Sampling(0.0).tensors(V)
+  warping = spec.Sampling(0.0).tensors(V)
   for case in range(12):
     q_logits = rng.standard_normal((K + 1, V)).astype(np.float32)
     best = q_logits.argmax(1)
@@ -368,7 +368,7 @@ def test_greedy_verify_is_the_rule_on_one_hot_distributions(rule):
     drafted = [int(best[t]) if t < agree else int((best[t] + 1 + t) % V) for t in range(K)]
     p = np.eye(V, dtype=np.float32)[drafted]                   # a greedy draft is one-hot on its proposal
     block = Tensor([[0] + drafted], dtype=dtypes.int32)
-    outs = {tuple(spec.verify(Tensor(q_logits), Tensor(p), block, spec.seed_key(seed), seed, temperature, top_k, top_p,
+    outs = {tuple(spec.verify(Tensor(q_logits), Tensor(p), block, spec.seed_key(seed), seed, warping,
                               **spec.Sampling(0.0).static, rule=rule).tolist()) for seed in range(3)}
     matches = [float(x == b) for x, b in zip(drafted, best)]
     assert outs == {(agree, best[agree], 1.0, 0.0, *drafted, *matches, *[1.0] * K)}, (case, outs)

@@ -3,9 +3,9 @@ every kernel runs in the interpreter: decodes against the numpy GPT-2 and after 
 (K 2, the token rule). The suite also takes, marked gpu elsewhere: parity with the numpy GPT-2, exact enumeration of
 whole rounds on the device, the self-check's chi-square test (the block rule's rounds), GPT-2's massive activations in
 float16, and the engine's kernels against their formulas. The engine measures no choice there (an interpreter's
-timings choose arbitrarily): its kernels run wherever they fit (conftest.py, engine.everywhere()). Beside
+timings choose arbitrarily): its kernels run wherever they fit (conftest.py, engine.engine_kernels()). Beside
 them, unmarked (they run on tinygrad's NULL device whatever DEV is), the probes showing that the GPU checks of
-tests/render_kernels.py and tests/kernel_bounds.py can fail."""
+tools/render_kernels.py and tools/kernel_bounds.py can fail."""
 import json, os, pathlib, subprocess, sys
 import numpy as np
 import pytest
@@ -57,10 +57,10 @@ print(json.dumps([problems(lambda: spec.best(model.forward(Tensor([[1]], dtype=d
 """
 
 def test_render_kernels_finds_a_kernel_that_leaves_a_gpu_idle():
-  """tests/render_kernels.py's work check can fail: greedy's argmax over gpt2's lm_head left lazy takes the matrix
+  """tools/render_kernels.py's work check can fail: greedy's argmax over gpt2's lm_head left lazy takes the matrix
   product into its reduction (a few dozen threads, what an H100 ran on 2026-11-26); over the forward's logits it does not.
   On tinygrad's NULL device, rendered for Metal (no compiler needed, NVIDIA's neither)."""
-  env = {**os.environ, "DEV": "NULL", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+  env = {**os.environ, "DEV": "NULL", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tools")])}
   out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   forward, lazy = json.loads(out.stdout.splitlines()[-1])
@@ -73,8 +73,8 @@ from tinygrad.codegen import to_program
 import kernel_bounds as kb, spec
 def problems():
   kb.asts.clear()
-  spec.verify(Tensor.randn(1, 64), None, Tensor([[3]], dtype=dtypes.int32), Tensor([1, 2], dtype=dtypes.uint32), 0, 1.0,
-              0, 1.0, greedy=False, filters=(), rule="block", one_hot=True).realize()
+  spec.verify(Tensor.randn(1, 64), None, Tensor([[3]], dtype=dtypes.int32), Tensor([1, 2], dtype=dtypes.uint32), 0,
+              (1.0, 0, 1.0), greedy=False, filters=(), rule="block", one_hot=True).realize()
   return [p for ast in kb.asts.values() for p in kb.argument_problems(to_program(ast, Device[Device.DEFAULT].renderer), ast)]
 kb.record()
 rule = problems()
@@ -84,11 +84,11 @@ print(json.dumps([rule, problems()]))
 """
 
 def test_kernel_bounds_finds_a_kernel_that_drops_a_buffer_its_call_passes():
-  """tests/kernel_bounds.py's argument check (render_kernels.py's too) can fail: the block rule with h = Tensor.ones
+  """tools/kernel_bounds.py's argument check (render_kernels.py's too) can fail: the block rule with h = Tensor.ones
   (an earlier form of test_spec's negative control) makes the kernel that draws n, in a one-token verify, drop the
   buffer it was to read: CUDA rejected its graph node ('invalid argument') on an H100; the rule itself keeps every
   buffer. On the NULL device."""
-  env = {**os.environ, "DEV": "NULL", "CHECK_OOB": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+  env = {**os.environ, "DEV": "NULL", "CHECK_OOB": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tools")])}
   out = subprocess.run([sys.executable, "-c", ARGUMENTS], env=env, capture_output=True, text=True, cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   rule, ones = json.loads(out.stdout.splitlines()[-1])

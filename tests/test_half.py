@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 import models
-from models.engine import measure, norm
+from models.engine import device, norm
+from models.engine.choice import CHOSEN, TINYGRAD, Way
 from conftest import np_gpt2_logits, random_weights, write_checkpoint
 from self_check import MASSIVE, log_probs
 from models import engine
@@ -46,12 +47,12 @@ def test_the_engine_in_float16_keeps_massive_activations(tmp_path, monkeypatch, 
   device has work-groups), its layer norms forced to one way: tinygrad's (formula()), the row kernel, or the stats
   kernel at each of its work-group sizes (where the device has none, tinygrad's CPU backend, that it has no size)."""
   path, weights = massive(tmp_path, "both")
-  ways = {"tinygrad's": [None], "row": ["row"], "stats": norm.groups(CFG["n_embd"])}[kind]
-  assert ways or (kind == "stats" and not measure.work_groups())
-  with engine.everywhere():
-    for way in ways:
-      monkeypatch.setattr(norm, "use", engine.Ways(lambda key: way))
-      assert_like_float64(models.load(str(path), "float16"), weights)
+  ways = {"tinygrad's": [TINYGRAD], "row": [Way("row")], "stats": [Way("stats", g) for g in norm.groups(CFG["n_embd"])]}
+  assert ways[kind] or (kind == "stats" and not device.work_groups())
+  with engine.engine_kernels():
+    for way in ways[kind]:
+      with CHOSEN.fixed(lambda k, key, way=way, engines=CHOSEN.rule: way if k == "norm" else engines(k, key)):
+        assert_like_float64(models.load(str(path), "float16"), weights)
 
 @pytest.mark.gpu
 def test_the_layer_norms_in_float16_keep_massive_rows():

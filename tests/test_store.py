@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from tinygrad.uop.ops import Ops
 import models, spec
-from models import GPT2, engine
+from models import GPT2
 from models.engine import store
+from models.engine.choice import CHOSEN, TINYGRAD, Way
 import conftest
 from conftest import ROOT, TINY, load, random_weights, write_checkpoint
 
@@ -172,8 +173,9 @@ def test_a_step_is_named_by_the_kernels_chosen_for_it(tiny_dir, monkeypatch):
   monkeypatch.setenv("SPEC_STEP_CACHE", "/nonexistent-store")
   model = load(tiny_dir / "target")
   files = {}
-  for way in (None, "lanes", None):
-    for module in engine.TABLES: monkeypatch.setattr(module, "use", engine.Ways(lambda key, way=way: way))
-    files.setdefault(way, set()).add(str(model.jit(spec.target_verify, 3, one_hot=True, greedy=True, filters=()).path))
+  engines = {"linear": Way("lanes", "lanes"), "attention": Way("rows"), "norm": Way("row")}
+  for chosen in ("tinygrad", "engine", "tinygrad"):
+    with CHOSEN.fixed(lambda kind, key: TINYGRAD if chosen == "tinygrad" else engines[kind]):
+      files.setdefault(chosen, set()).add(str(model.jit(spec.target_verify, 3, one_hot=True, greedy=True, filters=()).path))
     model.jits.clear()
-  assert all(len(f) == 1 for f in files.values()) and files[None] != files["lanes"], files
+  assert all(len(f) == 1 for f in files.values()) and files["tinygrad"] != files["engine"], files

@@ -2,12 +2,14 @@
 
 - lanes.py, matvec.py, attention.py, norm.py: the custom kernels (the linear layers and lm_head on a CPU and on a GPU,
   attention, the layer norms), each with the formula it replaces and a check whether it fits; linear.py, attention.py
-  and norm.py choose among them by measurement once per machine (measure.py): a kernel that fails to compile or run,
+  and norm.py choose among them by measurement once per machine (choice.py): a kernel that fails to compile or run,
   or computes other values than tinygrad's, loses, and one line on stderr says which and why.
 - Block: the port's block computed through them, each linear layer fused with the layer norm before it and GELU or
   the residual add after it where the matvec kernel runs.
-- replay.py: a JIT graph for devices without one (CPU, OpenCL), used by the engine's steps only.
+- replay.py: a JIT graph for devices without one (CPU, OpenCL), used by the engine's steps only; native.py: a step in
+  one native call on tinygrad's CPU backend.
 - store.py: captured steps stored on disk and loaded by later processes.
+- device.py: what the device offers the kernels; internals.py: every use of tinygrad beyond its public names.
 models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own kernels and executor. docs/engine.md.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
 from models.engine import attention, linear, native, norm, replay, store
-from models.engine.measure import half_pays
+from models.engine.choice import CHOSEN, TINYGRAD, Way, half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
 SHORTCUTS = 4     # a step's inputs it keeps a shortcut for (replay.Shortcut)
@@ -43,7 +45,8 @@ class Block:
     h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, ln=self.ln_2, gelu=True)
     y = linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x)
     # the port's bound on what tinygrad fuses; the matvec kernel's output is a buffer of its own (a copy otherwise)
-    return y if isinstance(linear.chosen(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x), tuple) else y.contiguous()
+    matvec = linear.chosen(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x).kernel == "matvec"
+    return y if matvec else y.contiguous()
 
 def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
@@ -55,7 +58,7 @@ def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
   choices = choose_kernels(model, {1, T}) if step else ()
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
   stored = store.step_name(model, fn.func, key, search, choices)
-  return Step(fn, search if step else 0, what, model, stored, formulas=not step)
+  return Step(fn, search if step else 0, what, model, stored, tinygrads=not step)
 
 def choose_kernels(model:GPT2, widths) -> tuple:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over its
@@ -81,18 +84,15 @@ def choose_kernels(model:GPT2, widths) -> tuple:
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
-  or with the formulas only, run by native.py's runner where it fits and measures faster, else replayed through
-  replay.py's graph, stored under its name (store.step_name()) once captured, and loaded from there by a later
-  process."""
-  def __init__(self, fn, search:int, what:str, model:GPT2, name:str, formulas:bool=False):
-    self.search, self.what, self.model, self.name, self.formulas = search, what, weakref.ref(model), name, formulas
+  or with tinygrad's kernels only (tinygrads), run by native.py's runner where it fits and measures faster, else
+  replayed through replay.py's graph, stored under its name (store.step_name()) once captured, and loaded from there
+  by a later process."""
+  def __init__(self, fn, search:int, what:str, model:GPT2, name:str, tinygrads:bool=False):
+    self.search, self.what, self.model, self.name, self.tinygrads = search, what, weakref.ref(model), name, tinygrads
     self.path = store.step_path(name)
     self.fn = (self.path and store.load(model, self.path)) or TinyJit(fn)
     self.calls, self.shortcuts = 0, []
   captured = property(lambda self: self.fn.captured)
-  # calls as tinygrad's TinyJit counts them: the first call runs the function plainly and captures it (or links a
-  # loaded step), so it counts as two
-  cnt = property(lambda self: self.calls + (self.calls > 0))
   def __call__(self, *args):
     self.calls += 1
     for shortcut in self.shortcuts:
@@ -102,7 +102,7 @@ class Step:
       else:
         searched = " with searched kernels" if self.search else ""
         with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"), \
-             (formulas() if self.formulas else contextlib.nullcontext()):
+             (tinygrad_kernels() if self.tinygrads else contextlib.nullcontext()):
           for _ in range(2): ret = self.fn(*args)   # plainly, then captured: both now, on the same inputs
         if self.path is not None: store.save(self.fn, self.model(), self.path)
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them
@@ -116,41 +116,23 @@ def graph():
   else replay.py's."""
   return replay.graph(Device.DEFAULT, native.Native if native.fits(Device.DEFAULT) else replay.Replay)
 
-TABLES = (linear, attention, norm)   # the modules whose `use` tables hold the measured choices
+def tinygrad_kernels():
+  """tinygrad's kernels for every layer meanwhile, whatever was measured."""
+  return CHOSEN.fixed(lambda kind, key: TINYGRAD)
 
-@contextlib.contextmanager
-def tables(make):
-  """Each measured table replaced by make(module) meanwhile."""
-  saved = [module.use for module in TABLES]
-  for module in TABLES: module.use = make(module)
-  try: yield
-  finally:
-    for module, table in zip(TABLES, saved): module.use = table
-
-def formulas():
-  """tinygrad's kernels for every layer meanwhile, whatever the measured tables hold."""
-  return tables(lambda module: {})
-
-class Ways(dict):
-  """A table that holds every key, its way a function of it: nothing is measured."""
-  def __init__(self, way): super().__init__(); self.way = way
-  def get(self, key, default=None): return self.way(key)
-  def __getitem__(self, key): return self.way(key)
-  def __contains__(self, key): return True
-
-def everywhere():
+def engine_kernels():
   """The engine's kernels wherever they fit meanwhile, nothing measured (for tests and renderers): for passes of
   several rows the work-group kernels where the device has them (the matvec kernel, attention in chunks, the norm's
   stats kernel), for one row the others (the lanes kernel, attention's CPU design, the norm's row kernel), so that one
   generation runs both."""
-  def pick(options:list, T:int):
-    wide = [o for o in options if isinstance(o, (int, tuple))]   # the work-group ways
-    other = [o for o in options if o is not None and o not in wide]
+  def pick(ways:list[Way], T:int) -> Way:
+    wide = [w for w in ways if w.kernel in ("matvec", "chunks", "stats")]   # the work-group ways
+    other = [w for w in ways if w != TINYGRAD and w not in wide]
     first = (wide or other) if T > 1 else (other or wide)
-    return first[0] if first else None
-  make = {linear: lambda k: pick(linear.ways(*k[:3]), k[0]), attention: lambda k: pick(attention.ways(k[3]), k[0]),
-          norm: lambda k: pick(norm.ways(k[1]), k[0])}
-  return tables(lambda module: Ways(make[module]))
+    return first[0] if first else TINYGRAD
+  ways = {"linear": lambda k: linear.ways(*k[:3]), "attention": lambda k: attention.ways(k[3]),
+          "norm": lambda k: norm.ways(k[1])}
+  return CHOSEN.fixed(lambda kind, key: pick(ways[kind](key), key[0]))
 
 @contextlib.contextmanager
 def notice(what:str, after:float=10.0):
@@ -164,4 +146,4 @@ def notice(what:str, after:float=10.0):
     timer.cancel()
     if time.perf_counter() - t0 > after: say(f": done in {time.perf_counter() - t0:.0f} s")
 
-__all__ = ["apply", "Block", "everywhere", "formulas", "half_pays", "Step", "STEP_WIDTH"]
+__all__ = ["apply", "Block", "engine_kernels", "half_pays", "Step", "STEP_WIDTH", "tinygrad_kernels"]

@@ -15,20 +15,16 @@ Which, and the chunks' length, is measured per device and shape at a short and a
 from __future__ import annotations
 import copy, functools, math
 from tinygrad import Tensor, UOp, dtypes
-from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from models.gpt2 import Attention
-from models.engine.lanes import rows, splits, thread
-from models.engine.measure import captured, fastest, random, sources, work_groups
+from models.engine import internals
+from models.engine.choice import CHOSEN, TINYGRAD, Way, captured, fastest, random, sources
+from models.engine.device import core_splits, row_chunk, split_opts, work_groups
+from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
 SCORE_GROUP = 64     # positions a work-group of wide_scores_kernel() takes, a thread each
 MEASURED_LAYERS = 4  # layers a candidate is timed over: attention's cost is its launches and latency, not bytes
-# (T, heads, positions, head_dim, dtype) -> None (tinygrad's), "kernels" (the CPU design) or a chunk length (the GPU
-# design): what choose() measured on this device
-use: dict[tuple, str|int|None] = {}
-ASK = object()   # apply()'s way: as use holds
 
 def formula(attn:Attention, qkv:Tensor, start_pos:int|UOp) -> Tensor:
   """What the kernels replace: the block's keys and values into the cache, then softmax(q k^T / sqrt(D) + mask) v."""
@@ -39,9 +35,9 @@ def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   """out[0, h, t, s] = q[t, h] . k[h, s] / sqrt(D) for s <= pos + t, -inf for the block's later positions (causal),
   float32; qkv (1, T, 3C) is c_attn's output, cache (2, 1, H, P, D). Columns from pos + T on are not written. A
   work-item per head, position and chunk of rows; the dot product in 4 lanes; the heads in `threads` parts
-  (lanes.splits())."""
+  (device.core_splits())."""
   (_, H, T, _), D = out.shape, cache.shape[-1]
-  chunk = rows(T)
+  chunk = row_chunk(T)
   h, s, tc = UOp.range(H, 0), UOp.range(pos + T, 1), UOp.range(T // chunk, 2)
   ti, lane = UOp.range(chunk, 3, AxisType.UPCAST), UOp.range(4, 5, AxisType.UPCAST)
   d = UOp.range(D // 4, 4, AxisType.REDUCE)
@@ -49,7 +45,7 @@ def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   products = qkv[0, t, h * D + k].cast(dtypes.float32) * cache[0, 0, h, s, k].cast(dtypes.float32)
   dot = products.reduce(d, arg=Ops.ADD).reduce(lane, arg=Ops.ADD)
   score = (s <= pos + t).where(dot * (1 / math.sqrt(D)), -math.inf)
-  info = KernelInfo(name=f"scores_{T}_{H}_{D}", opts_to_apply=thread(threads))
+  info = KernelInfo(name=f"scores_{T}_{H}_{D}", opts_to_apply=split_opts(threads))
   return out[0, h, t, s].store(score).end(h, s, tc, ti).sink(arg=info)
 
 def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
@@ -57,14 +53,14 @@ def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   division done on T x D outputs instead of T x S exponentials. A work-item per head, SPLIT outputs and chunk of
   rows; the heads in `threads` parts."""
   (_, H, T, _), D = exps.shape, cache.shape[-1]
-  chunk = rows(T)
+  chunk = row_chunk(T)
   h, dc, tc = UOp.range(H, 0), UOp.range(D // SPLIT, 1), UOp.range(T // chunk, 2)
   ti, dl = UOp.range(chunk, 3, AxisType.UPCAST), UOp.range(SPLIT, 4, AxisType.UPCAST)
   s, s2 = UOp.range(pos + T, 5, AxisType.REDUCE), UOp.range(pos + T, 6, AxisType.REDUCE)
   t, d = tc * chunk + ti, dc * SPLIT + dl
   acc = (exps[0, h, t, s] * cache[1, 0, h, s, d].cast(dtypes.float32)).reduce(s, arg=Ops.ADD)
   y = acc / exps[0, h, t, s2].reduce(s2, arg=Ops.ADD)
-  info = KernelInfo(name=f"values_{T}_{H}_{D}", opts_to_apply=thread(threads))
+  info = KernelInfo(name=f"values_{T}_{H}_{D}", opts_to_apply=split_opts(threads))
   return out[0, t, h * D + d].store(y.cast(out.dtype)).end(h, dc, tc, ti, dl).sink(arg=info)
 
 f32 = lambda u: u.cast(dtypes.float32)
@@ -126,14 +122,9 @@ def combine_kernel(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) 
   return UOp.group(*stores).end(h, t, d).sink(arg=KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=()))
 
 def custom(fxn, out:Tensor, *inputs:Tensor, pos:UOp) -> Tensor:
-  """out after fxn(out, *inputs, pos) ran: Tensor.custom_kernel passes buffers only, so the position, an expression of
-  variables (a draft's later steps run at start_pos + 1, ...), goes beside them as tinygrad's own kernels hold one."""
-  buffers = [out.uop, *(x.uop for x in inputs)]
-  params = [UOp.placeholder_like(u, slot=i) for i, u in enumerate(buffers)]
-  bound = [u for u in pos.toposort() if u.is_bound_var]
-  variables = bound + [u for u in pos.toposort() if u.is_variable and all(b.src[0] is not u for b in bound)]
-  names = {u: (u.src[0] if u.op is Ops.AFTER else u).replace(op=Ops.PARAM) for u in variables}
-  return Tensor(out.uop.after(fxn(*params, pos.substitute(names)).call(*buffers, *variables)))
+  """out after fxn(out, *inputs, pos) ran, the position (an expression of variables: a draft's later steps run at
+  start_pos + 1, ...) passed beside the buffers as tinygrad's own kernels hold one."""
+  return Tensor(internals.custom_call(fxn, out.uop, *(x.uop for x in inputs), pos=pos))
 
 def position(start_pos:int|UOp, P:int, T:int) -> UOp:
   """The kernels' ranges end at a variable whatever start_pos is: a range of one position (an eager pass at 0) is no
@@ -144,7 +135,7 @@ def kernels(qkv:Tensor, cache:Tensor, start_pos:int|UOp) -> Tensor:
   """Attend's result (1, T, C) over a cache that holds the block by the CPU design's two kernels, tinygrad's own taking
   the scores' maximum and exponentials."""
   (B, T, C3), (_, _, H, P, _) = qkv.shape, cache.shape
-  pos, threads = position(start_pos, P, T), splits(H, qkv.device)
+  pos, threads = position(start_pos, P, T), core_splits(H, qkv.device)
   scores = custom(functools.partial(scores_kernel, threads=threads), Tensor.empty(B, H, T, P, device=qkv.device), qkv,
                   cache, pos=pos)[..., :start_pos + T]
   exps = Tensor.empty(B, H, T, P, device=qkv.device)   # another buffer: written in place, tinygrad copied it first
@@ -165,22 +156,23 @@ def chunked(qkv:Tensor, cache:Tensor, start_pos:int|UOp, length:int) -> Tensor:
 
 def fits(D:int) -> bool: return D % 4 == 0 and D % SPLIT == 0
 
-def ways(D:int) -> list:
-  """The ways that fit a head dimension D on this device, tinygrad's first: the CPU design, and where the device has
-  work-groups the GPU design at each chunk length."""
-  return [None] + (["kernels"] if fits(D) else []) + (list(LENGTHS) if fits(D) and work_groups() else [])
+def ways(D:int) -> list[Way]:
+  """The ways that fit a head dimension D on this device, tinygrad's first: the CPU design ("rows"), and where the
+  device has work-groups the GPU design at each chunk length ("chunks")."""
+  return [TINYGRAD] + ([Way("rows")] if fits(D) else []) + \
+         ([Way("chunks", length) for length in LENGTHS] if fits(D) and work_groups() else [])
 
-def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way=ASK) -> Tensor:
-  """formula(attn, qkv, start_pos) (the cache written, then attention) by the GPU design (way a chunk length), the
-  CPU design ("kernels") or tinygrad's (None); way ASK: as choose() measured (else tinygrad's)."""
+def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way:Way|None=None) -> Tensor:
+  """formula(attn, qkv, start_pos) (the cache written, then attention) by the GPU design (Way("chunks", length)), the
+  CPU design (Way("rows")) or tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's)."""
   (_, T, _), (_, _, H, P, D) = qkv.shape, attn.cache_kv.shape
-  if way is ASK: way = use.get((T, H, P, D, qkv.dtype))
-  if isinstance(way, int): return chunked(qkv, attn.cache_kv, start_pos, way)
-  if way is None: return formula(attn, qkv, start_pos)
+  if way is None: way = CHOSEN.way("attention", (T, H, P, D, qkv.dtype))
+  if way.kernel == "chunks": return chunked(qkv, attn.cache_kv, start_pos, way.option)
+  if way == TINYGRAD: return formula(attn, qkv, start_pos)
   attn.store(qkv, start_pos)
   return kernels(qkv, attn.cache_kv, start_pos)
 
-def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
+def choose(T:int, layers:list[Attention], dtype) -> Way:
   """The way a pass of T rows attends fastest, of those that compute what tinygrad's does, the cache they write
   included: each captured and timed over some of these layers, on random caches of their own (fresh for each way: the
   model's stay as they are) and random rows, at a short and a long context (positions P/16 and 3P/4), its outputs at
@@ -188,7 +180,7 @@ def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
   first is close."""
   _, _, H, P, D = layers[0].cache_kv.shape
   key = (T, H, P, D, dtype)
-  if key not in use:
+  if CHOSEN.needs("attention", key):
     qkv = random(1, T, 3 * H * D, dtype=dtype)
     contexts = [UOp.variable("pos", 0, P - T).bind(min(p, P - T)) for p in (P // 16, 3 * P // 4)]
     def run(way):
@@ -200,7 +192,7 @@ def choose(T:int, layers:list[Attention], dtype) -> str|int|None:
         seconds, outputs = seconds + cost, outputs + out + [a.cache_kv.numpy() for a in shells]
       return seconds, outputs
     candidates = {w: functools.partial(run, w) for w in ways(D)}
-    use[key] = fastest("spec_attention", (key, sources(__name__)), candidates,
-                       f"attention kernels ({T} rows, {H} x {D})", dtype,
-                       family=lambda w: "chunks" if isinstance(w, int) else None, length=P)
-  return use[key]
+    CHOSEN.measured["attention"][key] = fastest("spec_attention", (key, sources(__name__)), candidates,
+                                                f"attention kernels ({T} rows, {H} x {D})", dtype,
+                                                family=lambda w: w.kernel if w.kernel == "chunks" else None, length=P)
+  return CHOSEN.way("attention", key)

@@ -8,10 +8,9 @@ layout, is measured per shape, width and dtype on the device (linear.py).
 """
 from __future__ import annotations
 import functools, math
-from tinygrad import Tensor, UOp, Device, dtypes
-from tinygrad.helpers import NUM_CPU_THREADS
-from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+from tinygrad import Tensor, UOp, dtypes
+from models.engine.device import core_splits, row_chunk, split_opts
+from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
 
 # a layout: (outputs at a time, partial sums per output, groups of those at a time): "lanes" reads 8 rows of the weight
 # at once, "four" 4, "row" and "wide" one after another, "wide" into four float4 sums that do not wait on each other.
@@ -25,12 +24,12 @@ def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
 
 def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UOp:
   """out[t, n, l] = sum_g x[t, g*L + l] * w[n, g*L + l], float32; x (T, C), w (N, C), out (T, N, L), L partial sums
-  (lanes) per output. Rows come in chunks (rows()). The options are the layout's (LAYOUTS): so many outputs and groups
-  at a time, the outputs split into `threads` parts, each a core's (tinygrad's heuristics give a kernel with fixed
-  options none)."""
+  (lanes) per output. Rows come in chunks (device.row_chunk()). The options are the layout's (LAYOUTS): so many outputs
+  and groups at a time, the outputs split into `threads` parts, each a core's (tinygrad's heuristics give a kernel
+  with fixed options none)."""
   (T, N, L), G = out.shape, x.shape[1] // out.shape[2]
   outputs, _, groups = LAYOUTS[layout]
-  chunk = rows(T)
+  chunk = row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
   ti, lane = UOp.range(chunk, 2, AxisType.UPCAST), UOp.range(L, 3, AxisType.UPCAST)
   g = UOp.range(G, 4, AxisType.REDUCE)
@@ -38,16 +37,9 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   acc = (x[t, k].cast(dtypes.float32) * w[n, k].cast(dtypes.float32)).reduce(g, arg=Ops.ADD)
   opts = tuple(Opt(op, 0, amount) for op, amount in ((OptOps.UPCAST, outputs), (OptOps.UNROLL, groups)) if amount > 1)
   name = "lanes" if layout == "lanes" else f"lanes_{layout}"
-  info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + thread(threads))
+  info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + split_opts(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
-def rows(T:int) -> int: return max(c for c in range(1, 9) if T % c == 0)   # a chunk: the most rows up to 8 dividing T
-def splits(n:int, device:str) -> int:
-  """The parts a kernel's axis of n splits into, each a core's: the most up to tinygrad's thread count that divide n
-  where the device's renderer has threads (tinygrad's CPU backend), else 1."""
-  if not Device[device].renderer.has_threads: return 1
-  return max(d for d in range(1, NUM_CPU_THREADS.value + 1) if n % d == 0)
-def thread(threads:int) -> tuple[Opt, ...]: return (Opt(OptOps.THREAD, 0, threads),) if threads > 1 else ()
 def fits(N:int, C:int, layout:str="lanes") -> bool:
   outputs, lanes, groups = LAYOUTS[layout]
   return N % outputs == 0 and C % (groups * lanes) == 0
@@ -68,7 +60,7 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   *B, C = x.shape
   (T, N), (outputs, lanes, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
-  kernel = functools.partial(lanes_kernel, threads=splits(N // outputs, x.device), layout=layout)
+  kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
   part = out.custom_kernel(x.reshape(T, C), w, fxn=kernel)[0]
   if gelu:
     y = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)

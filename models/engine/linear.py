@@ -7,29 +7,24 @@ from __future__ import annotations
 import functools, math
 from typing import NamedTuple
 from tinygrad import Tensor, dtypes
-from tinygrad.dtype import DType
-from models.engine import lanes, matvec, measure, norm
-from models.engine.measure import PRUNE, captured, enough, fastest
+from models.engine import choice, lanes, matvec, norm
+from models.engine.choice import CHOSEN, PRUNE, TINYGRAD, Way, captured, enough, fastest
 
-# (T, N, C, x dtype, weight dtype, bias, form) -> None (tinygrad's matmul), a layout of the lanes kernel (lanes.LAYOUTS)
-# or the matvec kernel's (group, outputs): what choose() measured on this device for a Form, what surrounds the layer in
-# a block
-use: dict[tuple, str|tuple[int, int]|None] = {}
-# (T, x dtype): the matvec kernel lost clearly (its first option over PRUNE x the fastest) to a role of this width:
-# the process times it on no other (a CPU's OpenCL, where it loses every time, compiles it once a width)
-lost: set[tuple] = set()
-ASK = object()   # apply()'s way: as use holds
+# the widths (T, x dtype) where the matvec kernel lost clearly to a role (its first option over PRUNE x the fastest):
+# the process times it on no other role of that width (a CPU's OpenCL, where it loses every time, compiles it once)
+matvec_outpaced: set[tuple] = set()
 
 def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None,
-          way=ASK) -> Tensor:
+          way:Way|None=None) -> Tensor:
   """residual + GELU(ln(x) @ w.T + b) in dtype (default x's), each part where given; ln: a layer norm (weight, bias,
-  eps). way: as choose() measured for these shapes and this form (else tinygrad's), or None, a lanes kernel's layout,
-  (group, outputs); a layer norm outside the kernel runs as norm.choose() measured (else its formula), for a given way
-  too: a choice compares what a block runs."""
-  if way is ASK: way = chosen(x, w, b, dtype, ln, gelu, residual)
-  if isinstance(way, tuple): return matvec.linear(x, w, b, dtype, way, ln, gelu, residual)
+  eps). way: tinygrad's (TINYGRAD), the lanes kernel in a layout (Way("lanes", layout)), the matvec kernel with its
+  options (Way("matvec", (group, outputs))); None: as choose() measured for these shapes and this form (else
+  tinygrad's). A layer norm outside the kernel runs as norm.choose() measured (else its formula), for a given way too:
+  a choice compares what a block runs."""
+  if way is None: way = chosen(x, w, b, dtype, ln, gelu, residual)
+  if way.kernel == "matvec": return matvec.linear(x, w, b, dtype, way.option, ln, gelu, residual)
   if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
-  if way in lanes.LAYOUTS: y = lanes.linear(x, w, dtype, way, b, gelu)
+  if way.kernel == "lanes": y = lanes.linear(x, w, dtype, way.option, b, gelu)
   else:
     y = lanes.formula(x, w, dtype)
     if b is not None: y = y + b
@@ -42,54 +37,59 @@ class Form(NamedTuple):
   ln: bool
   gelu: bool
   residual: bool
-  dtype: DType
+  dtype: object
   def __str__(self) -> str:
     parts = [name for name, on in zip(("its layer norm", "GELU", "the residual add"), self[:3]) if on]
     return f" with {' and '.join(parts)}" if parts else ""
 
-def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False, residual:Tensor|None=None):
-  """The way choose() measured for apply(x, w, b, dtype, ln, gelu, residual), else tinygrad's (None)."""
+def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool=False,
+           residual:Tensor|None=None) -> Way:
+  """The way choose() measured for apply(x, w, b, dtype, ln, gelu, residual), else tinygrad's."""
   *B, C = x.shape
   around = Form(ln is not None, gelu, residual is not None, dtype or x.dtype)
-  return use.get((math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, around))
+  return CHOSEN.way("linear", (math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, around))
 
-def ways(T:int, N:int, C:int) -> list:
+def ways(T:int, N:int, C:int) -> list[Way]:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first."""
-  layouts = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout)]
-  return [None] + layouts + (matvec.options(N, C) if matvec.fits(N, C) else [])
+  layouts = [Way("lanes", layout) for layout in lanes.LAYOUTS if lanes.fits(N, C, layout)]
+  return [TINYGRAD] + layouts + ([Way("matvec", o) for o in matvec.options(N, C)] if matvec.fits(N, C) else [])
 
 def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype=None, lns:list|None=None,
-           gelu:bool=False, residual:bool=False) -> str|tuple[int, int]|None:
+           gelu:bool=False, residual:bool=False) -> Way:
   """The way T rows times these same-shape weights (and biases) run fastest in the form a block runs them (after the
   layer norms lns, one a weight; GELU; a residual add; output dtype), of those that compute what tinygrad's formula of
   that form computes: each captured and timed over enough of the weights in turn, the caches flushed before each call
   (as in a pass, they stream from memory), its outputs compared on massive rows and on ordinary ones
-  (measure.activations(), before a layer norm; else rows of order 1), once per machine. The matvec kernel's later
+  (choice.activations(), before a layer norm; else rows of order 1), once per machine. The matvec kernel's later
   options are timed only while its first is close, and in a process where it lost clearly to another role at this
   width, not at all."""
   (N, C), bias = weights[0].shape, biases is not None
   key = (T, N, C, x_dtype, weights[0].dtype, bias, Form(bool(lns), gelu, residual, dtype or x_dtype))
-  if key not in use:
+  if CHOSEN.needs("linear", key):
     # a layer norm's input is the residual stream; the other layers' (attention's, GELU's outputs) are of order 1
-    x, *other = measure.activations(T, C, dtype=x_dtype) if lns else [measure.random(T, C, dtype=x_dtype)]
-    r = measure.random(T, N, dtype=x_dtype, seed=1) if residual else None
+    x, *other = choice.activations(T, C, dtype=x_dtype) if lns else [choice.random(T, C, dtype=x_dtype)]
+    r = choice.random(T, N, dtype=x_dtype, seed=1) if residual else None
     weights = enough(weights)
     biases = biases[:len(weights)] if bias else [None] * len(weights)
     lns = lns[:len(weights)] if lns else [None] * len(weights)
-    evict = measure.evictor()
+    evict = choice.evictor()
     def run(way):
       layers = list(zip(weights, biases, lns))
       return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x,
                       before=evict, also=[(o,) for o in other])
-    candidates, costs = [w for w in ways(T, N, C) if not (isinstance(w, tuple) and (T, x_dtype) in lost)], {}
-    ln_way = norm.use.get((T, C, x_dtype)) if lns[0] is not None else None   # what runs before: part of the cost
-    use[key] = fastest("spec_linear", (key, ln_way, measure.sources(__name__)),
-                       {w: functools.partial(run, w) for w in candidates},
-                       f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
-                       family=lambda w: "matvec" if isinstance(w, tuple) else None, costs=costs, length=C)
-    first = next((w for w in candidates if isinstance(w, tuple)), None)
-    if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()): lost.add((T, x_dtype))
-  return use[key]
+    candidates = [w for w in ways(T, N, C) if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
+    costs = {}
+    # what runs before (the layer norm, as chosen) is part of the cost
+    ln_way = CHOSEN.way("norm", (T, C, x_dtype)) if lns[0] is not None else None
+    CHOSEN.measured["linear"][key] = fastest("spec_linear", (key, ln_way, choice.sources(__name__)),
+                                             {w: functools.partial(run, w) for w in candidates},
+                                             f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
+                                             family=lambda w: w.kernel if w.kernel == "matvec" else None, costs=costs,
+                                             length=C)
+    first = next((w for w in candidates if w.kernel == "matvec"), None)
+    if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()):
+      matvec_outpaced.add((T, x_dtype))
+  return CHOSEN.way("linear", key)
 
 class Linear:
   """An nn.Linear (the same weight and bias, the same state names) computed by apply()."""

@@ -16,9 +16,8 @@ tinygrad's matmul, is measured per shape, width and dtype on the device (linear.
 from __future__ import annotations
 import functools, math
 from tinygrad import Tensor, UOp, dtypes
-from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine.measure import work_groups
+from models.engine.device import work_groups
+from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
 from models.engine.norm import shift
 
 # the options measured, the likeliest first (its time decides whether the rest are timed: measure.fastest); a load's

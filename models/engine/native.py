@@ -14,11 +14,10 @@ from __future__ import annotations
 import ctypes, functools, hashlib, os, pathlib, platform, subprocess, sys, tempfile, time
 import numpy as np
 from tinygrad import Tensor, Device
-from tinygrad.engine.realize import get_graph_runtime
-from tinygrad.helpers import CACHEDB, NUM_CPU_THREADS
-from tinygrad.uop.ops import Ops
-from models.engine import measure
+from models.engine import choice, internals
+from models.engine.device import say, why
 from models.engine.replay import LOCK, Replay
+from models.timing import best_seconds
 
 MAX_ARGS, HEADER = 63, 4   # tinygrad's CPU programs take at most 63 arguments; a command's words before them
 SPIN_US = 200   # how long the runner's threads wait for the next step or barrier before they sleep or yield
@@ -52,21 +51,21 @@ static void call(u64 f, int n, const u64 *a) {{
   }}
 }}
 static const u64 *table; static int count, threads = 1, started; static pid_t owner;
-static atomic_int generation, arrived, sense;
+static atomic_int generation, arrived, phase;
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER; static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static u64 now_us(void) {{
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000ull + t.tv_nsec / 1000;
 }}
-static void barrier(int *mine) {{
-  *mine = !*mine;
+static void barrier(int *my_phase) {{
+  *my_phase = !*my_phase;
   if (atomic_fetch_add(&arrived, 1) == threads - 1) {{   /* the last to arrive releases the others */
-    atomic_store(&arrived, 0); atomic_store(&sense, *mine); return;
+    atomic_store(&arrived, 0); atomic_store(&phase, *my_phase); return;
   }}
   u64 start = now_us();
-  for (unsigned i = 1; atomic_load_explicit(&sense, memory_order_acquire) != *mine; i++)
+  for (unsigned i = 1; atomic_load_explicit(&phase, memory_order_acquire) != *my_phase; i++)
     if (!(i & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
 }}
-static void walk(const u64 *c, int commands, int tid, int *mine) {{
+static void walk(const u64 *c, int commands, int tid, int *my_phase) {{
   for (int i = 0; i < commands; i++) {{
     int n = (int)c[1], splits = (int)c[2], slot = (int)(int64_t)c[3];
     const u64 *a = c + {HEADER};
@@ -79,11 +78,11 @@ static void walk(const u64 *c, int commands, int tid, int *mine) {{
     int here = slot < 0 ? 1 : (splits < threads ? splits : threads);
     c += {HEADER} + n;
     int next = i + 1 == commands ? threads : ((int64_t)c[3] < 0 ? 1 : ((int)c[2] < threads ? (int)c[2] : threads));
-    if (here > 1 || next > 1) barrier(mine);
+    if (here > 1 || next > 1) barrier(my_phase);
   }}
 }}
 static void *worker(void *arg) {{
-  int tid = (int)(intptr_t)arg, mine = 0, seen = 0;
+  int tid = (int)(intptr_t)arg, my_phase = 0, seen = 0;
 #ifdef __linux__
   prctl(PR_SET_NAME, "spec-native");   /* the name ps, top and the tests see */
 #endif
@@ -96,17 +95,17 @@ static void *worker(void *arg) {{
         pthread_mutex_unlock(&mutex);
       }}
     seen = atomic_load(&generation);
-    walk(table, count, tid, &mine);
+    walk(table, count, tid, &my_phase);
   }}
   return 0;
 }}
-static int mine0;
+static int caller_phase;
 int start(int n) {{
   if (started && owner == getpid()) return threads;
   /* a first call, or in a forked child: the parent's threads are not here, and its mutex may have been held */
   pthread_mutex_init(&mutex, 0); pthread_cond_init(&wake, 0);
-  threads = n < 1 ? 1 : n; started = 1; owner = getpid(); mine0 = 0;
-  atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&sense, 0);
+  threads = n < 1 ? 1 : n; started = 1; owner = getpid(); caller_phase = 0;
+  atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&phase, 0);
   /* the threads block every signal (they inherit the mask) but a fault's own: Python handles a signal only on its main
      thread, and one caught on another thread waits until that thread notices it; a fault (a kernel's bad address) is
      the faulting thread's, where Python's fault handler reports it */
@@ -132,7 +131,7 @@ void run(const u64 *t, int n) {{
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&mutex);
   }}
-  walk(t, n, 0, &mine0);
+  walk(t, n, 0, &caller_phase);
 }}
 """
 
@@ -146,7 +145,7 @@ def runner():
   if _runner is None:
     code, cc, arch = source(), os.environ.get("CC", "clang"), platform.machine()
     name = hashlib.sha256((code + cc + sys.platform + arch).encode()).hexdigest()[:16]
-    lib = pathlib.Path(CACHEDB).parent / "spec-native" / f"runner-{arch}-{name}.so"
+    lib = pathlib.Path(internals.cache_folder()) / "spec-native" / f"runner-{arch}-{name}.so"
     if not lib.is_file():
       lib.parent.mkdir(parents=True, exist_ok=True)
       with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
@@ -157,7 +156,7 @@ def runner():
     _runner = ctypes.CDLL(str(lib))
     _runner.run.argtypes, _runner.run.restype = [ctypes.c_void_p, ctypes.c_int], None
     _runner.start.argtypes, _runner.start.restype = [ctypes.c_int], ctypes.c_int
-    _runner.start(NUM_CPU_THREADS.value)
+    _runner.start(internals.cpu_threads())
   return _runner
 
 @functools.cache
@@ -165,14 +164,10 @@ def fits(device:str) -> bool:
   """tinygrad's CPU backend with its C renderer (its programs are functions taking each argument as a 64-bit word),
   off Windows (another calling convention), and the runner compiles and loads; where it does not, one line on stderr
   says why and replay.py replays the steps."""
-  from tinygrad.runtime.ops_cpu import CPUProgram
-  from tinygrad.renderer.cstyle import ClangRenderer
-  dev = Device[device]
-  if sys.platform == "win32" or dev.runtime_t is not CPUProgram or not isinstance(dev.renderer, ClangRenderer):
-    return False
+  if sys.platform == "win32" or not internals.runs_c_functions(device): return False
   try: runner()
   except Exception as e:
-    measure.say(f"native.py's step runner cannot run on {device} ({measure.why(e)}): replay.py replays the steps")
+    say(f"native.py's step runner cannot run on {device} ({why(e)}): replay.py replays the steps")
     return False
   return True
 
@@ -183,27 +178,28 @@ class Native(Replay):
   def __init__(self, linear, input_uops=()):
     super().__init__(linear, input_uops)
     words, self.base = [], []
-    for runtime, bufs, (global_size, _), vals in self.launches:
+    for program, bufs, (global_size, _), vals in self.launches:
       self.base.append(len(words) + HEADER)
-      args = [b.va_addr for b in bufs] + [(v or 0) & WORD for v in vals]   # the split's index: the runner's
-      words += [runtime.addr, len(args), global_size[0], runtime.runtimevars.get("core_id", -1) & WORD, *args]
+      address, split_slot = internals.c_entry(program)
+      args = [internals.address(b) for b in bufs] + [(v or 0) & WORD for v in vals]   # the split's index: the runner's
+      words += [address, len(args), global_size[0], split_slot & WORD, *args]
     self.fits = all(len(bufs) + len(vals) <= MAX_ARGS for _, bufs, _, vals in self.launches)
     if not self.fits: self.native = False
     self.table = np.array(words, dtype=np.uint64)
     self.lib, self.ptr = runner(), self.table.ctypes.data
-    # the variables' slots in the table (after a kernel's buffers), and which of self.vars each takes
-    self.var_slots = np.array([self.base[j] + len(self.launches[j][1]) + i
-                               for j, replace in self.var_vals_replace.items() for i, _ in replace], dtype=np.intp)
-    self.var_index = np.array([v for replace in self.var_vals_replace.values() for _, v in replace], dtype=np.intp)
+    # the variables' slots in the table (after a kernel's buffers), and which of a call's values each takes
+    self.var_slots = np.array([self.base[j] + len(self.launches[j][1]) + i for j, i, _ in self.variable_slots],
+                              dtype=np.intp)
+    self.var_index = np.array([k for _, _, k in self.variable_slots], dtype=np.intp)
 
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
-    if not self.native or self.launch_dims_replace: return super().__call__(input_uops, var_vals, wait)
+    if not self.native or self.sizes_vary: return super().__call__(input_uops, var_vals, wait)
     with LOCK:   # the runner's table, threads and barrier are the process's: one step at a time
-      for j in self.with_inputs:
-        handles = self.buffers(self.linear.src[j], input_uops)
-        self.table[self.base[j]:self.base[j] + len(handles)] = [b.va_addr for b in handles]
+      for j in self.reading_inputs:
+        handles = self.handles_of(j, input_uops)
+        self.table[self.base[j]:self.base[j] + len(handles)] = [internals.address(h) for h in handles]
       if len(self.var_slots):
-        values = np.array([var_vals[v] & WORD for v in self.vars], dtype=np.uint64)
+        values = np.array([v & WORD for v in self.values(var_vals)], dtype=np.uint64)
         self.table[self.var_slots] = values[self.var_index]
       t0 = time.perf_counter()
       self.lib.run(self.ptr, len(self.launches))   # returns when every kernel has run
@@ -211,8 +207,7 @@ class Native(Replay):
 
 def graphs(captured) -> list[Native]:
   """A captured step's batches that run as Native."""
-  calls = [c.src[0] for c in captured.linear.src if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph"]
-  return [g for g in map(get_graph_runtime, calls) if isinstance(g, Native)]
+  return [g for g in internals.batches(captured) if isinstance(g, Native)]
 
 def choose(captured, run, name:str) -> bool|None:
   """Whether a step's batches run natively: the faster of the runner and replay.py, each timed on run() (a call of the
@@ -220,17 +215,17 @@ def choose(captured, run, name:str) -> bool|None:
   The runner runs the step's own kernels: its outputs must be replay.py's to the bit, else replay.py runs it, and one
   line says so. Batches that do not fit the runner (`fits`) are replayed whatever is chosen."""
   if not (batches := graphs(captured)): return None
-  disk = measure.machine_key("native", name, source(), measure.sources(__name__), NUM_CPU_THREADS.value)
-  if (way := measure.diskcache_get("spec_native", disk)) is None:
+  disk = choice.machine_key("native", name, source(), choice.sources(__name__), internals.cpu_threads())
+  if (way := choice.cached("spec_native", disk)) is None:
     seconds, outputs = {False: [], True: []}, {}
     for way in (False, True, False, True):
       for g in batches: g.native = way and g.fits
-      seconds[way].append(measure.best_seconds(run, 2))
+      seconds[way].append(best_seconds(run, 2))
       outputs.setdefault(way, [t.numpy().tobytes() for t in tensors(run())])
     if outputs[True] != outputs[False]:
-      measure.say(f"native.py's runner computes other values than replay.py for a step on {Device.DEFAULT}: replayed")
+      say(f"native.py's runner computes other values than replay.py for a step on {Device.DEFAULT}: replayed")
       way = False
-    else: way = measure.first_stored("spec_native", disk, min(seconds[True]) < min(seconds[False]))
+    else: way = choice.first_stored("spec_native", disk, min(seconds[True]) < min(seconds[False]))
   for g in batches: g.native = way and g.fits
   return way
 

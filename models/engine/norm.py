@@ -9,14 +9,11 @@ tinygrad gave each of its two sums 16 threads). Which way, and the work-group si
 from __future__ import annotations
 import functools, math
 from tinygrad import Tensor, UOp, dtypes
-from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-from models.engine.measure import activations, captured, fastest, group_sizes, sources, work_groups
+from models.engine.choice import CHOSEN, TINYGRAD, Way, activations, captured, fastest, sources
+from models.engine.device import group_sizes, work_groups
+from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
 
 GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
-# (T, C, dtype) -> None (tinygrad's), "row" (norm_kernel) or stats_kernel()'s work-group size: what choose() measured
-use: dict[tuple, str|int|None] = {}
-ASK = object()   # layer_norm()'s way: as use holds
 MEASURED_NORMS = 16   # norms a candidate is timed over: a norm's cost is its launches, not bytes
 
 def formula(x:Tensor, w:Tensor, b:Tensor, eps:float) -> Tensor:
@@ -68,14 +65,14 @@ def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   mean, var = shift(lambda i: rows[:, i:i + 1].float(), C) + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
 
-def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way=ASK) -> Tensor:
-  """formula(), in x's dtype: by stats_kernel() with work-groups of way threads (an int), norm_kernel() ("row") or
-  tinygrad's (None); way ASK: as choose() measured (else tinygrad's)."""
+def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way:Way|None=None) -> Tensor:
+  """formula(), in x's dtype: by stats_kernel() (Way("stats", its work-group size)), norm_kernel() (Way("row")) or
+  tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's)."""
   *B, C = x.shape
   T = math.prod(B)
-  if way is ASK: way = use.get((T, C, x.dtype))
-  if way is None: return formula(x, w, b, eps)
-  if way != "row": return grouped(x, w, b, eps, way)
+  if way is None: way = CHOSEN.way("norm", (T, C, x.dtype))
+  if way == TINYGRAD: return formula(x, w, b, eps)
+  if way.kernel == "stats": return grouped(x, w, b, eps, way.option)
   out = Tensor.empty(T, C, dtype=x.dtype, device=x.device)
   return out.custom_kernel(x.reshape(T, C), w, b, fxn=functools.partial(norm_kernel, eps=eps))[0].reshape(x.shape)
 
@@ -84,24 +81,25 @@ class LayerNorm:
   def __init__(self, plain): self.weight, self.bias, self.eps = plain.weight, plain.bias, plain.eps
   def __call__(self, x:Tensor) -> Tensor: return layer_norm(x, self.weight, self.bias, self.eps)
 
-def ways(C:int) -> list:
+def ways(C:int) -> list[Way]:
   """The ways that fit rows of C on this device, tinygrad's first."""
-  return [None, "row"] + groups(C)
+  return [TINYGRAD, Way("row")] + [Way("stats", g) for g in groups(C)]
 
-def choose(T:int, norms:list[LayerNorm], dtype) -> str|int|None:
+def choose(T:int, norms:list[LayerNorm], dtype) -> Way:
   """The way T rows are normalized fastest, of those that compute what tinygrad's does, over the first MEASURED_NORMS of
   these (a model's): each captured and timed on rows shaped like GPT-2's residual stream, its outputs compared on
-  massive rows and on ordinary ones (measure.activations()), once per machine; the stats kernel's other work-group
+  massive rows and on ordinary ones (choice.activations()), once per machine; the stats kernel's other work-group
   sizes only while its first is close."""
   C = norms[0].weight.shape[0]
   key = (T, C, dtype)
-  if key not in use:
+  if CHOSEN.needs("norm", key):
     norms = norms[:MEASURED_NORMS]
     x, *other = activations(T, C, dtype=dtype)
     def run(way):
       return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way).realize() for n in norms], x,
                       also=[(o,) for o in other])
-    use[key] = fastest("spec_norm", (key, sources(__name__)), {w: functools.partial(run, w) for w in ways(C)},
-                       f"layer norm kernel ({T} rows x {C})", dtype,
-                       family=lambda w: "stats" if isinstance(w, int) else None, length=C)
-  return use[key]
+    CHOSEN.measured["norm"][key] = fastest("spec_norm", (key, sources(__name__)),
+                                           {w: functools.partial(run, w) for w in ways(C)},
+                                           f"layer norm kernel ({T} rows x {C})", dtype,
+                                           family=lambda w: w.kernel if w.kernel == "stats" else None, length=C)
+  return CHOSEN.way("norm", key)

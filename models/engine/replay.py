@@ -3,63 +3,35 @@ list prepared at capture.
 
 A TinyJit replays its kernels one by one through tinygrad's general executor, which resolves each kernel's buffers,
 launch sizes and variables again on every call; small models paid more for that than for their kernels. Devices with a
-graph of their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner interface, filled in for the rest.
+graph of their own (CUDA, Metal, ...) keep it: this is tinygrad's GraphRunner interface (internals.Batch), filled in
+for the rest.
 """
 from __future__ import annotations
-import contextlib, threading, time
-from tinygrad import Tensor, UOp, Device, Context
-from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
-from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
-from tinygrad.uop.ops import Ops
+import threading, time
+from tinygrad import Tensor, UOp
+from models.engine import internals
 
 # one batch replays at a time, whichever Python thread calls: a device's kernels and their arguments are shared by every
 # step that compiled the same code (OpenCL sets a kernel's arguments before it enqueues it), native.py's runner is one
 # for the process, and ctypes lets go of the GIL during a call
 LOCK = threading.Lock()
 
-class Replay(GraphRunner):
-  """Every kernel of a batch with its runtime, buffer handles, launch sizes and variable values resolved once; a call
-  updates what changes between calls: the buffers of kernels that touch the JIT's inputs (or views of them), the bound
-  variables, and the launch sizes that depend on them."""
-  def __init__(self, linear, input_uops=()):
-    super().__init__(linear, input_uops)
-    self.launches, var_vals = [], {v: 0 for v in self.vars}   # placeholder values until a call binds them
-    for call, runtime in zip(self.linear.src, self.runtimes):
-      global_size, local_size = call.src[0].arg.launch_dims(var_vals)
-      vals = list(call.src[0].arg.vals(var_vals))
-      self.launches.append((runtime, self.buffers(call, input_uops), [global_size, local_size], vals))
-    self.with_inputs = [j for j, call in enumerate(self.linear.src)
-                        if any(u.op is Ops.PARAM for arg in get_call_arg_uops(call) for u in arg.toposort())]
-
-  @staticmethod
-  def buffers(call, input_uops) -> list:
-    """The device handles of a kernel's buffers, as tinygrad's executor passes them (exec_kernel)."""
-    args = resolve_params(call, input_uops)
-    return [(b:=args[i].buffer).get_buf(b.device) for i in call.src[0].arg.globals]
-
+class Replay(internals.Batch):
+  """Every kernel of a batch with its program, buffer handles, launch sizes and variable values resolved once
+  (internals.Batch); a call updates what changes between calls, then launches each kernel."""
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
     with LOCK:
-      for j in self.with_inputs: self.launches[j][1][:] = self.buffers(self.linear.src[j], input_uops)
-      for j, i, value in self.updated_vars(var_vals): self.launches[j][3][i] = value
-      for j, global_size, local_size in self.updated_launch_dims(var_vals):
-        self.launches[j][2][:] = global_size, local_size
+      self.refresh(input_uops, var_vals)
       t0 = time.perf_counter()
-      for runtime, bufs, (global_size, local_size), vals in self.launches:
-        runtime(*bufs, global_size=global_size, local_size=local_size, vals=tuple(vals))
+      self.run()
       if not wait: return None
-      Device[self.device].synchronize()
+      self.synchronize()
       return time.perf_counter() - t0
 
-@contextlib.contextmanager
 def graph(device:str, runner=Replay):
   """Captures and replays on device use runner (Replay or a subclass) meanwhile, unless tinygrad has a graph for it:
   only the engine's steps, each captured as one batch (tinygrad batches a GPU's graph for its launches to overlap)."""
-  plain = Device[device].graph is None
-  if plain: Device[device].graph = runner
-  try:
-    with Context(JIT_BATCH_SIZE=0) if plain else contextlib.nullcontext(): yield
-  finally:
-    if plain: Device[device].graph = None
+  return internals.graph_runner(device, runner)
 
 class Shortcut:
   """A captured step called again on the same input Tensors: its Replay batches run with the inputs TinyJit gathered
@@ -69,7 +41,7 @@ class Shortcut:
   __slots__ = ("captured", "runners", "tensors", "inputs", "fixed", "passed")   # no __dict__ for get_state_dict()
   def __init__(self, captured, args:tuple, runners:list[Replay]):
     self.captured, self.runners, self.tensors = captured, runners, tensors(args)
-    self.inputs, var_vals, _, _ = _prepare_jit_inputs(args, {})
+    self.inputs, var_vals = internals.inputs_of(args)
     # the variables passed as arguments, each call's own; the rest are bound in the input Tensors' views, which a call
     # on the same Tensors shares
     self.passed = sorted(bound(args))
@@ -82,7 +54,7 @@ class Shortcut:
     if sorted(passed := bound(args)) != self.passed: return None
     var_vals = {**self.fixed, **passed}
     for runner in self.runners: runner(self.inputs, var_vals)
-    return self.captured.ret
+    return internals.returned(self.captured)
 
 def bound(args:tuple) -> dict[str, int]:
   """The bound variables among a call's arguments, by name."""
@@ -99,9 +71,7 @@ def tensors(args:tuple) -> list[UOp]:
 def shortcut(captured, args:tuple) -> Shortcut|None:
   """A Shortcut for a captured TinyJit just called on args, where its batches all run on Replay graphs and it writes
   none of its inputs (TinyJit copies those first)."""
-  calls = [c.src[0] for c in captured.linear.src]
-  if not all(c.op is Ops.CUSTOM_FUNCTION and c.arg == "graph" for c in calls): return None
-  runners = [get_graph_runtime(c) for c in calls]
+  runners = internals.batches(captured)
   if not all(isinstance(r, Replay) for r in runners): return None
   made = Shortcut(captured, args, runners)
-  return None if any(u in captured._written_uops for u in made.inputs) else made
+  return None if internals.writes_any(captured, made.inputs) else made

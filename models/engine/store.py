@@ -5,12 +5,10 @@ written as their names, so a loaded step runs on the loading model's own. The na
 on (step_name()). docs/engine.md says where the files go and how to clear them.
 """
 from __future__ import annotations
-import dataclasses, hashlib, importlib.metadata, inspect, os, pathlib, pickle
+import hashlib, importlib.metadata, inspect, os, pathlib, pickle
 from tinygrad import UOp, Device
-from tinygrad.codegen import to_program_context
-from tinygrad.helpers import BEAM, CACHEDB, CACHELEVEL, JIT, ContextVar
-from tinygrad.nn.state import get_state_dict
-from tinygrad.uop.ops import Ops
+from models.engine import internals
+from models.engine.internals import get_state_dict
 
 def state_uops(model) -> dict[str, UOp]:
   """The model's weights and KV cache by name (not what its steps return, which get_state_dict also finds)."""
@@ -43,20 +41,15 @@ class _StateUnpickler(pickle.Unpickler):
   def persistent_load(self, name): return self.uops[name]
   def find_class(self, module, name):
     found = super().find_class(module, name)
-    return _renumbered if found is UOp else found
-
-def _renumbered(op, dtype=None, src=(), arg=None, tag=None, metadata=None, *buffer) -> UOp:
-  """A stored step's own buffers numbered anew in this process. tinygrad interns UOps by their fields, a buffer's number
-  among them: with the storing process's numbers, a loaded step's buffer was whichever live buffer of this process had
-  that number and size (another model's weights, a step captured later), and both wrote it."""
-  if op is Ops.BUFFER and arg.device is not None: arg = dataclasses.replace(arg, slot=next(UOp.unique_num))
-  return UOp(op, dtype, src, arg, tag, metadata, *buffer)
+    # a stored step's own buffers numbered anew in this process: with the storing process's numbers, a loaded step's
+    # buffer was whichever live buffer of this process had that number and size, and both wrote it
+    return internals.renumbered if found is UOp else found
 
 def step_path(name:str) -> pathlib.Path|None:
   """Where the step of this name (step_name()) is stored: SPEC_STEP_CACHE (empty: nowhere), by default beside
   tinygrad's disk cache, and nowhere with CACHELEVEL=0."""
-  root = os.environ.get("SPEC_STEP_CACHE", os.path.join(os.path.dirname(CACHEDB), "spec-steps"))
-  return None if not root or CACHELEVEL.value == 0 else pathlib.Path(root) / f"{name}.pkl"
+  root = os.environ.get("SPEC_STEP_CACHE", os.path.join(internals.cache_folder(), "spec-steps"))
+  return None if not root or not internals.caching() else pathlib.Path(root) / f"{name}.pkl"
 
 def step_name(model, fn, key:tuple, search:int, choices:tuple=()) -> str:
   """A hash of the code of the port and the engine and of fn's module, tinygrad's version, device and settings, the
@@ -64,14 +57,8 @@ def step_name(model, fn, key:tuple, search:int, choices:tuple=()) -> str:
   that measured other winners capture other kernels, whose sums round otherwise)."""
   models = pathlib.Path(__file__).parent.parent
   files = sorted({*models.glob("*.py"), *models.glob("engine/*.py"), pathlib.Path(inspect.getsourcefile(fn))})
-  # the settings that shape programs (tinygrad's own list) and any set in the environment: not every ContextVar, as
-  # which exist depends on the tinygrad modules a process happened to import. Not DEV: the device is keyed as opened
-  # (Device.DEFAULT, its target), and tinygrad writes the device it picks into the environment, not into DEV's value,
-  # so with DEV unset a process and its children saw different settings and missed each other's steps
-  shaping = (*to_program_context, BEAM, JIT)
-  settings = sorted({(v.key, str(v.value)) for v in shaping} | {(k, str(v.value)) for k, v in ContextVar._cache.items()
-                                                                if k in os.environ and k != "DEV"})
-  what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, Device[Device.DEFAULT].renderer.target, settings,
+  settings = internals.program_settings()   # not DEV: the device is keyed as opened (Device.DEFAULT, its target)
+  what = (importlib.metadata.version("tinygrad"), Device.DEFAULT, internals.target(), settings,
           model.cfg, model.dtype, search, key, choices)
   code = b"".join(f.read_bytes() for f in files)
   return hashlib.sha256(code + repr(what).encode()).hexdigest()[:32]

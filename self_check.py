@@ -15,7 +15,7 @@ the model checks with the engine and with --plain. One line per check: what, its
 failure.
 """
 from __future__ import annotations
-import itertools, json, math, os, pathlib, struct, sys, tempfile, time
+import itertools, json, math, os, pathlib, struct, tempfile, time
 import numpy as np
 from tinygrad import Tensor, Device, dtypes
 import models, spec
@@ -25,12 +25,15 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=1024)
 # hundred draws tell distributions apart: few enough rounds for a device emulated in Python
 IID = dict(n_layer=1, n_head=1, n_embd=8, vocab_size=8, n_positions=1024)
 
-def random_gpt2(seed:int, cfg:dict=TINY, noise:float=0.0, constant:bool=False) -> dict[str, np.ndarray]:
-  """Random GPT-2 weights of shape cfg in the Hugging Face layout; noise: seed's model plus that much of another's, a
-  draft that agrees with it often, not always. constant: ln_f's weight 0, so every position's logits are ln_f.bias @
-  wte.T: the next token does not depend on the context, and sampled tokens are independent draws."""
+def random_gpt2(seed:int, cfg:dict=TINY, noise:float=0.0, constant:bool=False, scale:float=0.3,
+                masks:bool=False) -> dict[str, np.ndarray]:
+  """Random GPT-2 weights of shape cfg, N(0, scale), in the Hugging Face layout (Conv1D kernels (in, out), no
+  lm_head; masks: each block's causal-mask buffer, which the checkpoints store too); noise: seed's model plus that
+  much of another's, a draft that agrees with it often, not always. constant: ln_f's weight 0, so every position's
+  logits are ln_f.bias @ wte.T: the next token does not depend on the context, and sampled tokens are independent
+  draws."""
   rng, C, V = np.random.default_rng(seed), cfg["n_embd"], cfg["vocab_size"]
-  w = lambda *shape: (rng.standard_normal(shape) * 0.3).astype(np.float32)
+  w = lambda *shape: (rng.standard_normal(shape) * scale).astype(np.float32)
   weights = {"wte.weight": w(V, C), "wpe.weight": w(cfg["n_positions"], C), "ln_f.weight": 1 + w(C), "ln_f.bias": w(C)}
   for i in range(cfg["n_layer"]):
     weights |= {f"h.{i}.{k}": v for k, v in {"ln_1.weight": 1 + w(C), "ln_1.bias": w(C), "ln_2.weight": 1 + w(C),
@@ -40,16 +43,25 @@ def random_gpt2(seed:int, cfg:dict=TINY, noise:float=0.0, constant:bool=False) -
   if noise: weights = {k: v + noise * np.random.default_rng(seed + 100).standard_normal(v.shape).astype(np.float32)
                        for k, v in weights.items()}
   if constant: weights["ln_f.weight"][:], weights["ln_f.bias"][:] = 0, rng.standard_normal(C)
+  if masks: weights |= {f"h.{i}.attn.bias": np.tril(np.ones((cfg["n_positions"],) * 2, np.float32))[None, None]
+                        for i in range(cfg["n_layer"])}
   return weights
 
 def checkpoint(root:pathlib.Path, name:str, seed:int, constant:bool=False, noise:float=0.0, cfg:dict=TINY,
                weights:dict|None=None) -> str:
   """random_gpt2(seed, cfg, noise, constant), or weights, written as a checkpoint directory named name."""
   weights = random_gpt2(seed, cfg, noise, constant) if weights is None else weights
-  (path := root / name).mkdir()
-  (path / "config.json").write_text(str({"activation_function": "gelu_new", **cfg}).replace("'", '"'))
-  write_safetensors(path / "model.safetensors", weights)
-  return str(path)
+  return str(write_checkpoint(root / name, cfg, weights))
+
+def write_checkpoint(path:pathlib.Path, cfg:dict, weights:dict[str, np.ndarray], prefixed:bool=False) -> pathlib.Path:
+  """A checkpoint directory as the Hugging Face hub has them: config.json and model.safetensors (prefixed: the weights'
+  names under "transformer.", as some checkpoints store them)."""
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "config.json").write_text(json.dumps({"model_type": "gpt2", "activation_function": "gelu_new",
+                                                "layer_norm_epsilon": 1e-5, **cfg}))
+  prefix = "transformer." if prefixed else ""
+  write_safetensors(path / "model.safetensors", {prefix + k: v for k, v in weights.items()})
+  return path
 
 def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
   """float32 tensors in the safetensors format, by numpy: tinygrad's safe_save would compile for its CPU backend, which
@@ -61,6 +73,14 @@ def write_safetensors(fn:pathlib.Path, tensors:dict[str, np.ndarray]):
     offset += len(b); blobs.append(b)
   h = json.dumps(header).encode()
   fn.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+def read_safetensors(fn:pathlib.Path) -> dict[str, np.ndarray]:
+  """A float32 safetensors file's tensors, by numpy."""
+  raw = fn.read_bytes()
+  n = struct.unpack("<Q", raw[:8])[0]
+  header = json.loads(raw[8:8+n])
+  return {k: np.frombuffer(raw[8+n+v["data_offsets"][0]:8+n+v["data_offsets"][1]], np.float32).reshape(v["shape"])
+          for k, v in header.items() if k != "__metadata__"}
 
 # ***** GPT-2 in numpy, from its definition (Radford et al. 2019; the Hugging Face Conv1D layout) *****
 

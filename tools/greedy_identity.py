@@ -2,8 +2,8 @@
 """Greedy identity in a given precision: speculative sampling vs the target alone on the shared pair, every divergence
 with its position and the target's top-2 logit margin there.
 
-  DEV=CL python tests/greedy_identity.py --dtype float16            # 10 prompts x 200 tokens x K = 1, 2, 4, 8
-  DEV=CPU python tests/greedy_identity.py --dtype float32 -n 50     # float32: identity is promised, expect none
+  DEV=CL python3 tools/greedy_identity.py --dtype float16            # 10 prompts x 200 tokens x K = 1, 2, 4, 8
+  DEV=CPU python3 tools/greedy_identity.py --dtype float32 -n 50     # float32: identity is promised, expect none
 
 A (K+1)-row verify pass and a one-row decode may round differently; in float16 that can flip the argmax where the
 target's two best tokens are nearly tied. At a divergence the script reports, from a float32 copy of the target on the
@@ -13,7 +13,7 @@ near-tie (float32 margin above --tie). Default K and prompts as in the README.
 """
 import argparse, json, os, pathlib, sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tools"))
 SHARED = ROOT.parent / "shared" / "models"
 if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken")
 
@@ -21,7 +21,7 @@ import numpy as np
 from tinygrad import Tensor, Device, dtypes
 import models
 from spec import autoregressive_generate, speculative_generate
-from conftest import PROMPTS
+from benchmark import PROMPTS
 
 def margins(reference:models.GPT2, prefix:list[int], chosen:tuple[int, int]) -> tuple[float, float]:
   """float32 logits after prefix: (top-1 minus top-2, |logit(a) - logit(b)| for the two tokens chosen)."""

@@ -4,9 +4,9 @@ generator check, with the z3 solver, that every load and store index stays insid
 run, and fail the compile otherwise. Each compiled kernel's buffer and variable parameters must also fill its argument
 slots 0..n-1, each once, and it must take every buffer its call passes.
 
-  DEV=CPU python tests/kernel_bounds.py            # tiny random checkpoints, then the shared pair
-  DEV=CPU python tests/kernel_bounds.py --tiny     # the tiny ones alone (CI runs them beside the shared pair's --pair)
-  DEV=CL python tests/kernel_bounds.py --pair TARGET DRAFT -K 1 3 --dtype float16
+  DEV=CPU python3 tools/kernel_bounds.py            # tiny random checkpoints, then the shared pair
+  DEV=CPU python3 tools/kernel_bounds.py --tiny     # the tiny ones alone (CI runs them beside the shared pair's --pair)
+  DEV=CL python3 tools/kernel_bounds.py --pair TARGET DRAFT -K 1 3 --dtype float16
 
 Both checks guard against tinygrad 0.14 code generator bugs that spec.py works around (README, Tests): a load left
 without its gate read before a 4-element buffer (the CPU backend crashed when that buffer began a mapping), and a
@@ -23,12 +23,12 @@ import argparse, os, pathlib, sys, tempfile
 os.environ["CHECK_OOB"] = "1"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
-sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tools"))
 from tinygrad.engine import realize
 from tinygrad.engine.realize import to_program_cache
 from tinygrad.uop.ops import Ops, AddrSpace
 import models, spec
-from conftest import TINY, random_weights, write_checkpoint
+import self_check
 os.environ["SPEC_STEP_CACHE"] = ""   # no step loaded from a store, where it comes with its code generated
 
 asts: dict = {}   # every kernel's AST, by its key, as the paths compile them
@@ -77,7 +77,8 @@ def main() -> int:
   record()
   if args.pair: pairs = [tuple(args.pair)]
   else:
-    tiny = write_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "tiny", TINY, random_weights(TINY, seed=1))
+    cfg = dict(self_check.TINY, n_positions=256)
+    tiny = self_check.checkpoint(pathlib.Path(tempfile.mkdtemp()), "tiny", seed=1, cfg=cfg)
     pairs = [(tiny, tiny)] + ([] if args.tiny else [(SHARED / "docs-target", SHARED / "docs-draft")])
   for target_dir, draft_dir in pairs:
     target, draft = models.load(str(target_dir), args.dtype), models.load(str(draft_dir), args.dtype)

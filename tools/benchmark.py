@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark: speculative vs autoregressive generation on this machine, in one process, after warm-up.
 
-  python tests/benchmark.py            # dummy gpt2-xl/gpt2, the trained pair docs-deep/docs-draft (K = 1, 2, 4, 8, auto;
+  python3 tools/benchmark.py            # dummy gpt2-xl/gpt2, the trained pair docs-deep/docs-draft (K = 1, 2, 4, 8, auto;
                                        # T = 0 and 1), prompt lookup on docs-target with repetitive prompts
-  python tests/benchmark.py --quick    # fewer tokens, a smoke run
-  python tests/benchmark.py --pairs deep --json results.json
-  python tests/benchmark.py --search 1 # kernels from tinygrad's BEAM search (spec.py --search; minutes the first time)
+  python3 tools/benchmark.py --quick    # fewer tokens, a smoke run
+  python3 tools/benchmark.py --pairs deep --json results.json
+  python3 tools/benchmark.py --search 1 # kernels from tinygrad's BEAM search (spec.py --search; minutes the first time)
 
 For each pair and temperature: t_target and t_draft (one-token decodes; the draft's also after a target pass, as a
 round runs it, the target's pass having evicted the draft's weights from the caches), t_verify(K+1) (one target pass
@@ -41,13 +41,13 @@ import models, spec
 from models.engine import native
 from spec import Sampling, best_seconds, autoregressive_generate, speculative_generate
 
-PROMPTS = ["The Python interpreter", "A dictionary is", "To install a package"]
+SHORT_PROMPTS = ["The Python interpreter", "A dictionary is", "To install a package"]
 REPETITIVE = [  # context that repeats itself, where prompt lookup has something to copy
   "class Stack:\n    def push(self, item):\n        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n\n"
   "    def peek(self):\n        return self.items[-1]\n\n    def size(self):\n",
   "A dictionary is a mapping. A dictionary is a mapping. A dictionary is",
   "import os\nimport sys\nimport re\nimport os.path\nimport sys.path\nimport re.compile\nimport"]
-PAIRED_PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
+PROMPTS = ["The Python interpreter", "A dictionary is", "The following example shows how to", "To install a package",
                   "Exceptions are raised when", "The standard library", "A list comprehension", "The function returns",
                   "In this tutorial we", "Modules can be imported", "The garbage collector", "Strings are immutable"]
 KS = (1, 2, 4, 8)
@@ -280,7 +280,7 @@ def main():
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
   load = lambda name, **kw: models.load(name, args.dtype, search=args.search, plain=args.plain, **kw)
   enc = models.tokenizer()
-  prompts = [enc.encode(p) for p in PROMPTS]
+  prompts = [enc.encode(p) for p in SHORT_PROMPTS]
   report = dict(machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, tinygrad {Device.DEFAULT}, "
                         f"{args.dtype}, {'plain' if args.plain else f'engine, search {args.search}'}",
                 results=[])
@@ -319,7 +319,7 @@ def main():
                         seed_prediction=seed_theory, seed_prediction_overhead_aware=seed_aware)
   if "deep" in pairs:
     target, draft = (load(str(SHARED / d)) for d in ("docs-deep", "docs-draft"))
-    paired = [enc.encode(p) for p in PAIRED_PROMPTS]
+    paired = [enc.encode(p) for p in PROMPTS]
     report["results"].append(bench_pair("docs-deep / docs-draft", target, draft, paired[:3] if args.quick else paired,
                                         32 if args.quick else 128, reps))
     report["paired"] = [paired_rounds(target, draft, paired, K, 1.0, 3 if args.quick else 20) for K in (2, 4)]
@@ -351,7 +351,7 @@ def main():
     print(f"the seed's acceptance (r' {SEED_R_PRIME}, K {SEED_K}) with these gpt2-xl/gpt2 costs: {x['seed_prediction']:.2f}x "
           f"(theoretical), {x['seed_prediction_overhead_aware']:.2f}x (overhead-aware); the seed measured {SEED_SPEEDUP}x on its GPU")
   for r in report.get("paired", []):
-    print(f"paired first rounds, docs-deep / docs-draft, T {r['T']:g}, K {r['K']} ({r['rounds']} rounds: {len(PAIRED_PROMPTS)} prompts x seeds): "
+    print(f"paired first rounds, docs-deep / docs-draft, T {r['T']:g}, K {r['K']} ({r['rounds']} rounds: {len(PROMPTS)} prompts x seeds): "
           f"tokens per round block {r['block']:.3f}, token {r['token']:.3f}, block - token {r['gain']:+.3f} +- {r['stderr']:.3f} (1 s.e.)")
   for line in small_models(report): print(line)
   for result in report["results"]: print("\n" + table(result))

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Measure spec on the device it runs on: one command for a GPU's user, and the source of every GPU figure in the docs.
 
-  DEV=CUDA python3 tests/device_report.py --out DIR     # 9-10 minutes on a GPU (DEV pinned, as for spec.py)
-  python3 tests/device_report.py --out DIR --tiny       # every stage on tiny models: minutes (CI: the CPU)
-  python3 tests/device_report.py --pack .pair           # the luggage for a GPU machine without network (below)
-  DEV=CUDA python3 tests/device_report.py --out DIR --pair .pair/docs-deep .pair/docs-draft --wheels .pair/wheels
+  DEV=CUDA python3 tools/device_report.py --out DIR     # 9-10 minutes on a GPU (DEV pinned, as for spec.py)
+  python3 tools/device_report.py --out DIR --tiny       # every stage on tiny models: minutes (CI: the CPU)
+  python3 tools/device_report.py --pack .pair           # the luggage for a GPU machine without network (below)
+  DEV=CUDA python3 tools/device_report.py --out DIR --pair .pair/docs-deep .pair/docs-draft --wheels .pair/wheels
 
 DIR holds two files, DIR/report.md and DIR/report.json (every figure, and what `gpu_profile.py --fit` reads), each
 replaced whole (never half written) whenever a stage adds a figure and when it ends: a run cut short keeps every
@@ -19,7 +19,7 @@ with a time limit of its own, ended with the command (the first three land withi
            greedy, default flags; --pair, else ../shared/models; --tiny: a tiny pair unless --pair), saved per
            generation
   passes   gpt2-xl's decode and 3-, 5-, 9-token passes and gpt2's decode, engine and --plain, both dtypes, beside the
-           GPU profile's prediction (tests/gpu_profile.py); the engine with each table emptied in turn; one decode's
+           GPU profile's prediction (tools/gpu_profile.py); the engine with each table emptied in turn; one decode's
            kernels timed one by one, the memory flushed before each (and from the L2)
   cold     a cold `spec.py --dummy-weights` run (gpt2-xl, gpt2, K 2; empty caches): its first token, or none within
            the stage's limit (at least COLD_WAIT seconds)
@@ -38,7 +38,7 @@ import argparse, contextlib, hashlib, json, lzma, math, os, pathlib, platform, s
 import tempfile, threading, select, time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "models"
-sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tools"))
 
 # seconds each, in order; search (only when asked for: --stages) takes what is left of the budget. On a cold H100
 # (docs/backends.md) the engine chose gpt2-xl's kernels in 26-42 s a width and captured a step in 10-17 s: the
@@ -218,9 +218,10 @@ def git(*args) -> str:
   return out.stdout.strip() if out.returncode == 0 else ""
 
 def code_hash() -> str:
-  """A hash of the code that runs (spec.py, models/, tests/): it names the code where no git says the commit (the
-  same function in a checkout matches it)."""
-  files = sorted([ROOT / "spec.py", *(ROOT / "models").rglob("*.py"), *(ROOT / "tests").glob("*.py")])
+  """A hash of the code that runs (spec.py, self_check.py, models/, tools/): it names the code where no git says the
+  commit (the same function in a checkout matches it)."""
+  files = sorted([ROOT / "spec.py", ROOT / "self_check.py", *(ROOT / "models").rglob("*.py"),
+                  *(ROOT / "tools").glob("*.py")])
   code = b"".join(f.relative_to(ROOT).as_posix().encode() + f.read_bytes() for f in files)
   return hashlib.sha256(code).hexdigest()[:12]
 
@@ -230,13 +231,13 @@ def kernels_stage(st:Stage) -> None:
   import types
   from tinygrad import UOp
   import models
-  from models.engine import attention, linear, measure, norm
+  from models.engine import attention, choice, linear, norm
   rows = []
   for dtype in dtype_names(st.tiny):
     for name, cfg in configs(st.tiny).items():
       C, H, P, D = cfg.n_embd, cfg.n_head, cfg.n_positions, cfg.n_embd // cfg.n_head
       def r(*shape, seed=0, scale=1.0):
-        return (measure.random(*shape, dtype=models.DTYPES[dtype], seed=seed) * scale).realize()
+        return (choice.random(*shape, dtype=models.DTYPES[dtype], seed=seed) * scale).realize()
       ln = types.SimpleNamespace(weight=r(C, seed=1) + 1, bias=r(C, seed=2) * 0.1, eps=1e-5)
       roles = {"c_attn": (3 * C, C, dict(ln=ln)), "attn c_proj": (C, C, dict(residual=True)),
                "c_fc": (4 * C, C, dict(ln=ln, gelu=True)), "mlp c_proj": (C, 4 * C, dict(residual=True)),
@@ -262,21 +263,22 @@ def kernels_stage(st:Stage) -> None:
   st.save(rows=rows, complete=True)
 
 def compare(kernel:str, shape:tuple, T:int, dtype:str, name:str, run, ways:list, pos=None, length:int=1) -> list[dict]:
-  """Each way of ways against the first (tinygrad's, the reference): error (within measure.tolerance() of a reduction
+  """Each way of ways against the first (tinygrad's, the reference): error (within choice.tolerance() of a reduction
   of length) and time a call. run(way, pos) computes it, pos a bound variable (attention's position; a captured call
   takes it as an argument) or None."""
-  from models.engine import measure
+  from models.engine import choice
+  from models.engine.device import why
   from tinygrad import dtypes as dt
   reference, rows = run(ways[0], pos).float().numpy(), []
   for way in ways:
     row = dict(model=name, dtype=dtype, T=T, kernel=kernel, shape=shape, way=repr(way))
     try:
       got = run(way, pos).float().numpy()
-      row["error"] = measure.error([got], [reference])
-      row["ok"] = row["error"] <= measure.tolerance(getattr(dt, dtype), length)
+      row["error"] = choice.error([got], [reference])
+      row["ok"] = row["error"] <= choice.tolerance(getattr(dt, dtype), length)
       row["us"] = (call_seconds(lambda p: run(way, p).realize(), pos) if pos is not None else
                    call_seconds(lambda: run(way, None).realize())) * 1e6
-    except Exception as e: row |= dict(ok=False, failed=measure.why(e))
+    except Exception as e: row |= dict(ok=False, failed=why(e))
     rows.append(row)
   return rows
 
@@ -301,7 +303,7 @@ def choice_stage(st:Stage) -> None:
   st.save(steps=steps, complete=True)
 
 def recording(fastest, log:list):
-  """measure.fastest(), each candidate's seconds (or failure) and the choice appended to log."""
+  """choice.fastest(), each candidate's seconds (or failure) and the choice appended to log."""
   def wrapped(kind, what, candidates, name, dtype, *args, **kw):
     timed, t0 = {}, time.perf_counter()
     def timing(key, fn):
@@ -328,7 +330,8 @@ def passes_stage(st:Stage) -> None:
   import gc
   import benchmark, gpu_profile
   from tinygrad.nn.state import get_state_dict
-  from models import engine, GPT2
+  from models import GPT2
+  from models.engine.choice import CHOSEN, TINYGRAD
   os.environ["SPEC_STEP_CACHE"] = ""   # each pass captured here: a stored one would bring other tables' kernels
   rows, tables = [], []
   st.save(profile_gpu=gpu_profile.use(nvidia_smi("name")))   # the profile's constants for this GPU (H100's elsewhere)
@@ -351,14 +354,13 @@ def passes_stage(st:Stage) -> None:
         st.save(rows=rows)
       del m; gc.collect()
   name, dtype = "gpt2-xl", dtype_names()[0]
-  for module in (None, *engine.TABLES):   # the engine with each measured table emptied in turn
-    emptied = engine.tables(lambda mod: engine.Ways(lambda key: None) if mod is module else mod.use)
-    with emptied if module else contextlib.nullcontext():
+  for kind in (None, "linear", "attention", "norm"):   # the engine with each kind's choices tinygrad's in turn
+    tinygrads = lambda k, key, kind=kind: TINYGRAD if k == kind else CHOSEN.measured[k].get(key, TINYGRAD)
+    with CHOSEN.fixed(tinygrads) if kind else contextlib.nullcontext():
       m = model(name, dtype, st.tiny)
       for T in (1, 3):
         ms = benchmark.forward_time(m, T) * 1e3
-        table = module.__name__.split(".")[-1] if module else "none"
-        tables.append(dict(model=name, dtype=dtype, emptied=table, T=T, ms=ms))
+        tables.append(dict(model=name, dtype=dtype, emptied=kind or "none", T=T, ms=ms))
       st.save(rows=rows, emptied=tables)
       del m; gc.collect()
   m = model(name, dtype, st.tiny)
@@ -373,7 +375,7 @@ def kernel_times(linear, weights:set) -> list[dict]:
   timer (the device's: CUDA's events, OpenCL's profiling; the CPU's clock), each after FLUSH bytes streamed through
   the memory, so that its weights come from the memory as in a pass (cold, "us"), and the fastest of 5 calls one after
   another (from the L2 where it holds them, "hot_us"); beside the GPU profile's prediction and the features it
-  predicts from (`python tests/gpu_profile.py --fit report.json` refits the model's constants to the cold times)."""
+  predicts from (`python3 tools/gpu_profile.py --fit report.json` refits the model's constants to the cold times)."""
   import gpu_profile
   from tinygrad import Tensor
   from tinygrad.engine.realize import time_call
@@ -416,7 +418,7 @@ def pair_stage(st:Stage) -> None:
   float16 where the device has it: prompt by prompt, each generation warmed on its prompt first (its prefill's widths),
   then timed, the target alone and speculative in turn; the totals saved after each."""
   import models, spec
-  from conftest import PROMPTS
+  from benchmark import PROMPTS
   from tinygrad import Device
   pair = st.pair or ([SHARED / "docs-deep", SHARED / "docs-draft"] if (SHARED / "docs-deep").is_dir() else None)
   if st.tiny and not st.pair: pair = tiny_pair(st.scratch / "tiny-pair")
@@ -470,14 +472,11 @@ def speedup_stage(st:Stage) -> None:
 def tiny_pair(root:pathlib.Path) -> list[pathlib.Path]:
   """A tiny random target and a noisy copy of it as its draft (agrees often, not always), of --tiny's gpt2 shape: its
   kernels are those the choice stage chose."""
-  from conftest import random_weights, write_checkpoint
-  import numpy as np
+  from self_check import checkpoint
   c = configs(True)["gpt2"]
   cfg = dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size, n_positions=c.n_positions)
-  target = random_weights(cfg, seed=1)
-  rng = np.random.default_rng(2)
-  noisy = {k: v + (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for k, v in target.items()}
-  return [write_checkpoint(root / "target", cfg, target), write_checkpoint(root / "draft", cfg, noisy)]
+  return [pathlib.Path(checkpoint(root, name, seed=1, noise=noise, cfg=cfg)) for name, noise in (("target", 0.0),
+                                                                                                 ("draft", 0.05))]
 
 # ***** (f) a cold run's first token *****
 
@@ -655,7 +654,7 @@ def pack(out:pathlib.Path, names=("docs-deep", "docs-draft")) -> int:
   GPT-2's tokenizer and tinygrad's wheel (as installed here, xz-compressed). Returns the bytes that travel with the
   code (the luggage and the files git would send), which a lent machine carries up to 64 MiB of."""
   import numpy as np
-  from conftest import read_safetensors
+  from self_check import read_safetensors
   for name in names:
     stored = read_safetensors(SHARED / name / "model.safetensors")
     weights = {k: v for k, v in stored.items() if not k.endswith(".attn.bias")}   # the causal mask: not a weight

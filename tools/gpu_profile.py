@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """gpt2-xl's and gpt2's step passes profiled for an H100 or H200 without a GPU: their kernels, their bytes, a time.
 
-  python tests/gpu_profile.py                          # CI: both models, float16 and float32, engine and --plain
-  python tests/gpu_profile.py --models gpt2 --widths 1 --kernels   # every kernel of gpt2's decode
-  python tests/gpu_profile.py --json profile.json
-  python tests/gpu_profile.py --gpu H200 --widths 1 3   # an H200's copy rate and multiprocessors (GPUS, below)
+  python3 tools/gpu_profile.py                          # CI: both models, float16 and float32, engine and --plain
+  python3 tools/gpu_profile.py --models gpt2 --widths 1 --kernels   # every kernel of gpt2's decode
+  python3 tools/gpu_profile.py --json profile.json
+  python3 tools/gpu_profile.py --gpu H200 --widths 1 3   # an H200's copy rate and multiprocessors (GPUS, below)
 
 A step pass is what a round runs on the target: its forward over T tokens and the greedy verification, one JIT call
 (spec.Verifier; T 1 is a decode). Each is captured on tinygrad's NULL device for CUDA sm_90 (kernels lowered, rendered
@@ -30,8 +30,8 @@ read by loads of 16 bytes or more. The model's limits: no cache, no arithmetic. 
 """
 import argparse, contextlib, json, math, os, pathlib, sys, time, types
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
-if __name__ == "__main__":   # imported (tests/device_report.py), the model only: nothing set
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tools"))
+if __name__ == "__main__":   # imported (tools/device_report.py), the model only: nothing set
   os.environ.setdefault("DEV", "NULL:CUDA:sm_90")
   os.environ["NULL_ALLOW_COPYOUT"] = "1"          # the round's host read gets zeros
   os.environ["SPEC_STEP_CACHE"] = ""              # every step captured here
@@ -41,7 +41,7 @@ from tinygrad.nn.state import get_state_dict   # noqa: E402
 from tinygrad.uop.ops import Ops, AddrSpace, UOp, sym_infer   # noqa: E402
 import models, spec                             # noqa: E402
 from models import engine                       # noqa: E402
-from models.engine import attention, linear, measure, norm   # noqa: E402
+from models.engine import attention, choice, linear, norm   # noqa: E402
 
 # per GPU: a device copy's rate (bytes/s, the floor's price) and its multiprocessors. The H100's copy was measured
 # (docs/backends.md); the H200's is predicted: its HBM3e's 4.8 TB/s at the share of the H100's 3.35 its copy reached
@@ -135,7 +135,7 @@ def predicted_seconds(linear, weights:set, var_vals:dict) -> float:
 def model_clock(weights:set):
   """The engine's measured choices made by this model: a captured function's predicted seconds (its outputs NULL's
   zeros), nothing cached; a flush before a call (before) changes nothing: the model streams every weight."""
-  saved = measure.captured, measure.diskcache_get, measure.first_stored
+  saved = choice.captured, choice.cached, choice.first_stored
   def captured(fn, *args, before=None, also=()):
     step = TinyJit(fn)
     with Context(BEAM=0):
@@ -145,12 +145,12 @@ def model_clock(weights:set):
       [t.numpy() for call in (args, *also) for t in step(*call)]
   # over one layer: the model predicts the same for every layer of a shape, and capturing 48 took minutes
   one_layer = lambda model, widths: choose(types.SimpleNamespace(**{**vars(model), "h": model.h[:1]}), widths)
-  measure.diskcache_get, measure.first_stored = lambda *a: None, lambda t, k, v: v
+  choice.cached, choice.first_stored = lambda *a: None, lambda t, k, v: v
   choose, engine.choose_kernels = engine.choose_kernels, one_layer
   for module in (attention, linear, norm): module.captured = captured
   try: yield
   finally:
-    measure.captured, measure.diskcache_get, measure.first_stored = saved
+    choice.captured, choice.cached, choice.first_stored = saved
     engine.choose_kernels = choose
     for module in (attention, linear, norm): module.captured = saved[0]
 
@@ -184,7 +184,7 @@ def main() -> int:
   ap.add_argument("--kernels", action="store_true", help="print every kernel of every pass")
   ap.add_argument("--json", metavar="FILE", help="write the figures per model, dtype, engine or plain, and width")
   ap.add_argument("--fit", metavar="REPORT_JSON", help="fit the model's constants to the kernels a GPU timed "
-                  "(tests/device_report.py's report.json) and exit")
+                  "(tools/device_report.py's report.json) and exit")
   args = ap.parse_args()
   use(args.gpu)
   if args.fit:

@@ -1,38 +1,62 @@
-"""Measured choices: which of two or more ways is fastest on this machine, asked once and kept in tinygrad's disk
-cache."""
+"""Measured choices: which way of computing a layer is fastest on this machine, among those that compute what tinygrad's
+own kernels compute, asked once and kept in tinygrad's disk cache.
+
+  Way, TINYGRAD    how a layer is computed: tinygrad's kernels, or one of the engine's with its option
+  CHOSEN           this process's choices (a Choices), which the layers ask as they are built
+  fastest()        the mechanism: every candidate run, compared with tinygrad's, timed, the fastest kept
+  activations()... what candidates are timed and compared on
+"""
 from __future__ import annotations
-import hashlib, importlib.metadata, inspect, math, sys, time
+import contextlib, hashlib, importlib.metadata, inspect, math, sys
+from typing import NamedTuple
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from tinygrad.helpers import CACHELEVEL, db_connection, diskcache_get, diskcache_put
+from models.engine import internals
+from models.engine.device import say, why
+from models.timing import best_seconds
 
-PRUNE = 1.5   # a family's later options are measured only while its first is within this of the fastest so far
+class Way(NamedTuple):
+  """How a layer is computed: by `kernel`, "tinygrad" (its own kernels: the formula) or one of the engine's, with its
+  option: a lanes layout ("lanes"), the matvec kernel's (group, outputs) ("matvec"), the chunk length of attention's
+  GPU design ("chunks"), the stats kernel's work-group size ("stats"); "rows" (attention's CPU design) and "row" (the
+  norm kernel) have none."""
+  kernel: str
+  option: str|int|tuple|None = None
+  def __str__(self) -> str: return self.kernel if self.option is None else f"{self.kernel} {self.option}"
 
-def tolerance(dtype, length:int) -> float:
-  """How far a candidate's outputs may be from the reference's, a fraction of each output row's largest value
-  (error()): what rounding alone moves them in a pass of dtype, whose unit roundoff is u (2^-11 in half, 2^-24 in
-  float32). Each side rounds its outputs to dtype once: 2u. The reference rounds its inputs to dtype once where a
-  candidate keeps them in float32 (a layer norm's output, GELU's input): a sum of `length` terms each off by up to u
-  of itself, a random walk whose 4 standard deviations are 4u of the row's scale. Both sum in float32 in other orders:
-  4 sqrt(length) 2^-24. At least 1e-4: in float32 a one-pass variance of a row with a massive value differs from the
-  two passes' by up to 1e-5 of the row (norm.shift()). In half 2.9e-3 at every width GPT-2 has, where a kernel that
-  drops one term in a hundred is off by 0.07 or more (docs/engine.md)."""
-  u = 2.0 ** -(dtypes.finfo(dtype)[1] + 1)
-  return max(6 * u + 4 * math.sqrt(length) * 2.0 ** -24, 1e-4)
+TINYGRAD = Way("tinygrad")
+
+class Choices:
+  """The ways this process measured, by kind ("linear", "attention", "norm") and key; while a rule (a function of kind
+  and key) is set by fixed(), it answers instead and nothing is measured."""
+  def __init__(self): self.measured, self.rule = {"linear": {}, "attention": {}, "norm": {}}, None
+  def way(self, kind:str, key:tuple) -> Way:
+    return self.rule(kind, key) if self.rule is not None else self.measured[kind].get(key, TINYGRAD)
+  def needs(self, kind:str, key:tuple) -> bool: return self.rule is None and key not in self.measured[kind]
+  @contextlib.contextmanager
+  def fixed(self, rule):
+    saved, self.rule = self.rule, rule
+    try: yield
+    finally: self.rule = saved
+
+CHOSEN = Choices()
+
+# ***** the mechanism *****
+
+PRUNE = 1.5   # a kernel's later options are measured only while its first is within this of the fastest so far
 
 def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None, costs:dict|None=None,
             length:int=1):
   """The key of the fastest candidate whose outputs agree with the first's (the reference, tinygrad's own kernels),
-  asked once per machine: cached in tinygrad's disk cache under kind by machine_key(*what) (what holds the kernels'
-  code: a changed kernel is measured again). A candidate is a function that runs and returns (seconds, outputs). One
-  that fails to compile or run, or whose outputs differ by more than tolerance(dtype, length) (the reduction's
-  length), drops out with one line on
-  stderr naming it (name and its key) and why, and then nothing is cached: the next process measures again. Candidates
-  of one family (family(key), not None) after its first are measured only while the first is within PRUNE of the
-  fastest so far: options of a kernel that loses clearly are not all timed. costs, if given, receives every candidate's
-  seconds (those that ran and agreed)."""
+  asked once per machine: cached in tinygrad's disk cache under kind by machine_key(*what) (what holds the candidates'
+  code: sources()). A candidate is a function that runs and returns (seconds, outputs). One that fails to compile or
+  run, or whose outputs differ by more than tolerance(dtype, length) (the reduction's length), drops out with one line
+  on stderr naming it (name and its key) and why, and then nothing is cached: the next process measures again.
+  Candidates of one family (family(key), not None) after its first are measured only while the first is within PRUNE
+  of the fastest so far: options of a kernel that loses clearly are not all timed. costs, if given, receives every
+  candidate's seconds (those that ran and agreed)."""
   disk = machine_key(*what)
-  if (ret := diskcache_get(kind, disk)) is not None: return ret[0]
+  if (ret := cached(kind, disk)) is not None: return ret[0]
   reference, expected, failed, firsts = next(iter(candidates)), None, False, {}
   costs = {} if costs is None else costs
   def pruned(f) -> bool: return f in firsts and costs.get(firsts[f], math.inf) > PRUNE * min(costs.values(), default=0)
@@ -55,21 +79,33 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
   best = min(costs, key=costs.get) if costs else reference
   return best if failed else first_stored(kind, disk, (best,))[0]
 
+def cached(kind:str, key:str):
+  """What tinygrad's disk cache holds under kind and key: a choice another process made on this machine, or None."""
+  return internals.cache_get(kind, key)
+
 def first_stored(kind:str, key:str, value):
   """value put in tinygrad's disk cache under kind and key unless a value is there already, and whichever is there
-  then: read and written under the cache's write lock, so that processes that measured the same at once all keep the
-  first one stored (tinygrad's put replaces), and choose, and name their steps (store.step_name()), alike."""
-  if CACHELEVEL.value < 1: return value
-  db = db_connection()
-  db.execute("BEGIN IMMEDIATE")   # the write lock, held until diskcache_put commits
-  try:
-    if (stored := diskcache_get(kind, key)) is not None:
-      db.rollback()
-      return stored
-    return diskcache_put(kind, key, value)
-  except BaseException:
-    db.rollback()
-    raise
+  then, so that processes that measured the same at once all keep the first one stored, and choose, and name their
+  steps (store.step_name()), alike."""
+  return internals.cache_put_first(kind, key, value) if internals.caching() else value
+
+def machine_key(*what) -> str:
+  """A disk-cache key for a measurement on this machine: tinygrad's version, the device, its compiler target, and
+  what."""
+  key = (importlib.metadata.version("tinygrad"), Device.DEFAULT, internals.target(), *what)
+  return hashlib.sha256(repr(key).encode()).hexdigest()
+
+def tolerance(dtype, length:int) -> float:
+  """How far a candidate's outputs may be from the reference's, a fraction of each output row's largest value
+  (error()): what rounding alone moves them in a pass of dtype, whose unit roundoff is u (2^-11 in half, 2^-24 in
+  float32). Each side rounds its outputs to dtype once: 2u. The reference rounds its inputs to dtype once where a
+  candidate keeps them in float32 (a layer norm's output, GELU's input): a sum of `length` terms each off by up to u
+  of itself, a random walk whose 4 standard deviations are 4u of the row's scale. Both sum in float32 in other orders:
+  4 sqrt(length) 2^-24. At least 1e-4: in float32 a one-pass variance of a row with a massive value differs from the
+  two passes' by up to 1e-5 of the row (norm.shift()). In half 2.9e-3 at every width GPT-2 has, where a kernel that
+  drops one term in a hundred is off by 0.07 or more (docs/engine.md)."""
+  u = 2.0 ** -(dtypes.finfo(dtype)[1] + 1)
+  return max(6 * u + 4 * math.sqrt(length) * 2.0 ** -24, 1e-4)
 
 def error(outputs:list[np.ndarray], expected:list[np.ndarray]) -> float:
   """The largest difference between an output and its expected array over the largest magnitude of its row (the last
@@ -99,35 +135,6 @@ def sources(*modules:str) -> str:
       if isinstance(dep, str) and dep.split(".")[0] == "models": todo.append(dep)
   return "".join(seen[name] for name in sorted(seen))
 
-def say(text:str) -> None: print(f"spec: {text}", file=sys.stderr, flush=True)
-def why(e:Exception) -> str: return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-
-def work_groups() -> bool:
-  """Whether the device runs work-groups with shared memory (GPUs, OpenCL; not tinygrad's CPU backend): where the
-  engine's GPU kernels are candidates."""
-  renderer = Device[Device.DEFAULT].renderer
-  return renderer.has_local and renderer.has_shared
-
-def group_sizes(steps:int, near:tuple[int, ...], most:int) -> list[int]:
-  """Work-group sizes to measure: for each of near, the divisor of steps in 8..most closest to it."""
-  divisors = [d for d in range(8, most + 1) if steps % d == 0]
-  return sorted({min(divisors, key=lambda d: abs(d - g)) for g in near}) if divisors else []
-
-def machine_key(*what) -> str:
-  """A disk-cache key for a measurement on this machine: tinygrad's version, the device, its compiler target, and
-  what."""
-  target = Device[Device.DEFAULT].renderer.target
-  key = (importlib.metadata.version("tinygrad"), Device.DEFAULT, target, *what)
-  return hashlib.sha256(repr(key).encode()).hexdigest()
-
-def best_seconds(fn, reps:int=3, before=None) -> float:
-  """The fastest of reps synchronized calls of fn: its cost without the noise of whatever else the machine does; each
-  after before() (untimed) where given."""
-  def once() -> float:
-    if before: before()
-    t0 = synchronize(); fn(); return synchronize() - t0
-  return min(once() for _ in range(reps))
-
 def captured(fn, *args, before=None, also=()) -> tuple[float, list[np.ndarray]]:
   """fn(*args) (a list of Tensors) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3, each
   after before() where given, and the outputs of the last call, then of a call on each tuple of arguments in also
@@ -137,6 +144,8 @@ def captured(fn, *args, before=None, also=()) -> tuple[float, list[np.ndarray]]:
     for _ in range(2): step(*args)                 # a TinyJit captures on its second call
   seconds = best_seconds(lambda: step(*args), before=before)
   return seconds, [t.numpy() for call in (args, *also) for t in step(*call)]
+
+# ***** what candidates are timed and compared on *****
 
 MEASURE_BYTES = 256 << 20   # a candidate is timed over this many bytes of weights (or all of them): past every cache
 
@@ -181,15 +190,15 @@ def activations(T:int, C:int, dtype=dtypes.float32, seed:int=0) -> list[Tensor]:
   for x in (massive, ordinary): x[1::3] += 20
   return [Tensor(x.astype(np.float32)).cast(dtype).realize() for x in (massive, ordinary)]
 
-def synchronize() -> float: Device[Device.DEFAULT].synchronize(); return time.perf_counter()
+# ***** the dtype *****
 
 def half_pays() -> bool:
   """Whether this device multiplies a row by half weights clearly faster (1.25x) than by float32 ones, as tinygrad's
   matmul: where half is native (a GPU) it reads half the bytes; where tinygrad converts every half value (its CPU
   backend) or emulates half (pocl) it does not. 8 weights of 1024 x 4096 timed in turn; once per machine."""
-  if dtypes.half not in Device[Device.DEFAULT].renderer.supported_dtypes(): return False
+  if not internals.has_half(): return False
   disk = machine_key()
-  if (pays := diskcache_get("spec_half", disk)) is None:
+  if (pays := cached("spec_half", disk)) is None:
     weights = [Tensor.ones(1024, 4096).contiguous().realize() for _ in range(8)]
     def cost(dtype) -> float:
       x = Tensor.ones(1, 4096, dtype=dtype).contiguous().realize()

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Every kernel of spec's paths rendered for the GPUs, and compiled where this machine has the compiler, without a GPU.
 
-  python tests/render_kernels.py                    # the tiny model in float32 and gpt2's shapes in float16 (by hand)
-  python tests/render_kernels.py --shapes gpt2      # gpt2's shapes in float16 only
-  python tests/render_kernels.py --run gpt2 float32 # one shape in one dtype, in this process
+  python3 tools/render_kernels.py                    # the tiny model in float32 and gpt2's shapes in float16 (by hand)
+  python3 tools/render_kernels.py --shapes gpt2      # gpt2's shapes in float16 only
+  python3 tools/render_kernels.py --run gpt2 float32 # one shape in one dtype, in this process
 
 It runs spec's paths on tinygrad's NULL device (it lowers and renders kernels but runs nothing): the target alone, and
 greedy, sampled, top-k, top-p and both, under both rules, with a model draft and with prompt lookup, at K 1, 2, 4 and
@@ -22,7 +22,7 @@ collected by pytest.
 """
 import argparse, math, os, pathlib, subprocess, sys, time, traceback
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "tools"))
 os.environ.setdefault("DEV", "NULL:CUDA:sm_80")
 os.environ["NULL_ALLOW_COPYOUT"] = "1"          # the round's host read gets zeros: enough to run every path
 os.environ["SPEC_STEP_CACHE"] = ""              # every step captured here
@@ -112,7 +112,7 @@ def render(shape:str, dtype:str, lookaheads:list[int]) -> int:
   """The paths of one shape and dtype, then every kernel for every target: the number of failures."""
   record()
   print(f"spec's paths on {Device.DEFAULT} ({Device[Device.DEFAULT].renderer.target}):", flush=True)
-  with engine.everywhere(): run_paths(dtype, lookaheads, [shape])
+  with engine.engine_kernels(): run_paths(dtype, lookaheads, [shape])
   failed = 0
   for name, renderer in targets(ptx=shape == "tiny").items():
     t0, bad = time.perf_counter(), []

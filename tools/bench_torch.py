@@ -3,9 +3,9 @@
 process on the same machine (ratios from one run). Not a dependency of spec.py or the tests:
 
   pip install torch==2.13.0 transformers
-  python tests/bench_torch.py                 # forward passes (gpt2-xl, gpt2, docs-deep/docs-draft), generation on them
-  python tests/bench_torch.py --passes gpt2,deep   # skip gpt2-xl (random weights, 7.5 GB of memory)
-  python tests/bench_torch.py --passes gpt2-xl -n 0   # its passes only, no generation runs
+  python3 tools/bench_torch.py                 # forward passes (gpt2-xl, gpt2, docs-deep/docs-draft), generation on them
+  python3 tools/bench_torch.py --passes gpt2,deep   # skip gpt2-xl (random weights, 7.5 GB of memory)
+  python3 tools/bench_torch.py --passes gpt2-xl -n 0   # its passes only, no generation runs
 
 Forward passes: one pass of w tokens after a KV cache of 100 tokens (a decode for w = 1), best of 5, float32, both on
 all cores (torch.set_num_threads(os.cpu_count())). Generation: the trained pair docs-deep/docs-draft on a dozen English
@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 import models, spec
-from benchmark import PAIRED_PROMPTS, forward_time
+from benchmark import PROMPTS, forward_time
 
 def torch_pass(model, width:int, pos:int=100, reps:int=5) -> float:
   with torch.no_grad():
@@ -66,7 +66,7 @@ def main():
   if "deep" in args.passes.split(","):
     passes("docs-deep", target, hf_target); passes("docs-draft", draft, hf_draft, widths=(1,))
   enc = models.tokenizer()
-  prompts = [enc.encode(p) for p in PAIRED_PROMPTS]
+  prompts = [enc.encode(p) for p in PROMPTS]
   K = inspect.signature(spec.speculative_generate).parameters["K"].default
   defaults = copy.deepcopy(hf_draft.generation_config)
   def hf(assisted:bool, constant_K:bool=False) -> int:

@@ -5,7 +5,7 @@ greedy, the trained pair docs-deep/docs-draft. Not a dependency of spec.py or th
   git clone https://github.com/ggml-org/llama.cpp && cmake -S llama.cpp -B llama.cpp/build -DLLAMA_CURL=OFF \
     && cmake --build llama.cpp/build -j --target llama-bench llama-cli llama-speculative
   pip install sentencepiece pyyaml                      # what llama.cpp's gguf-py imports
-  python tests/bench_llamacpp.py --llama-cpp llama.cpp  # about 5 minutes
+  python3 tools/bench_llamacpp.py --llama-cpp llama.cpp  # about 5 minutes
 
 The checkpoints become float32 GGUF files (llama.cpp's gguf-py writes them; the tokenizer is GPT-2's, from tiktoken's
 r50k_base: its tokens and the merges that rebuild them). Then, on every core: llama-bench's plain decoding (tg, 128
@@ -22,7 +22,7 @@ if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED
 import numpy as np
 from tinygrad.nn.state import safe_load
 import models, spec
-from benchmark import PAIRED_PROMPTS
+from benchmark import PROMPTS
 
 BLOCK = (("ln_1", "attn_norm"), ("attn.c_attn", "attn_qkv"), ("attn.c_proj", "attn_output"), ("ln_2", "ffn_norm"),
          ("mlp.c_fc", "ffn_up"), ("mlp.c_proj", "ffn_down"))
@@ -90,14 +90,14 @@ def main():
   ap.add_argument("--llama-cpp", required=True, type=pathlib.Path, help="a llama.cpp checkout built with cmake "
                   "(build/bin/llama-bench, llama-cli, llama-speculative; gguf-py)")
   ap.add_argument("-n", type=int, default=128, help="new tokens a prompt")
-  ap.add_argument("--prompts", type=int, default=len(PAIRED_PROMPTS), help="how many of the benchmark's prompts")
+  ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the benchmark's prompts")
   ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (spec: its own, every core)")
   args = ap.parse_args()
   sys.path.insert(0, str(args.llama_cpp / "gguf-py"))
   import gguf
   bin_ = args.llama_cpp / "build" / "bin"
   commit = run(["git", "-C", args.llama_cpp, "rev-parse", "--short", "HEAD"]).strip()
-  prompts = PAIRED_PROMPTS[:args.prompts]
+  prompts = PROMPTS[:args.prompts]
   target_model, draft_model = (models.load(str(SHARED / d), "float32") for d in ("docs-deep", "docs-draft"))
   enc = models.tokenizer()
   ours = {"spec, target alone": lambda p, n: spec.autoregressive_generate(target_model, p, n, eos=None),
