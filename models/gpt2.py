@@ -162,7 +162,7 @@ class GPT2:
       self.jit(GPT2.fill, T)(self, block, self.positions.bind(start)).realize()
       start += T
 
-# wider passes were barely faster, and each captured one holds larger buffers (docs/measurements.md)
+# wider passes were barely faster, and each captured one holds larger buffers (docs/engine.md)
 PREFILL_WIDTH = 64
 
 def check_positions(model:GPT2, start_pos:int, T:int) -> None:

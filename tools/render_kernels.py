@@ -88,7 +88,7 @@ def run_paths(dtype:str, lookaheads:list[int], shapes:list[str]) -> None:
 
 LIMITS = dict(threads=1024, block=(1024, 1024, 64), grid=(2**31 - 1, 65535, 65535), shared=48 * 1024)
 # operations a thread: beyond them a kernel leaves a GPU nearly idle (a reduction that took a matrix product or a sum
-# over the vocabulary into itself: docs/backends.md, 2026-11-26)
+# over the vocabulary into itself: an H100's second lease, `git show c6d6475:docs/backends.md`)
 WORK, SERIAL = 2**19, 2**16   # at most WORK a thread, and at most SERIAL a thread below a warp's 32 threads
 
 def launch_problems(prg) -> list[str]:

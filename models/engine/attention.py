@@ -21,7 +21,7 @@ from models.engine.choice import CHOSEN, TINYGRAD, Way, captured, fastest, rando
 from models.engine.device import core_splits, row_chunk, split_opts, work_groups
 from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
 
-SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row (docs/engine.md)
+SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
 SCORE_GROUP = 64     # positions a work-group of wide_scores_kernel() takes, a thread each
 MEASURED_LAYERS = 4  # layers a candidate is timed over: attention's cost is its launches and latency, not bytes
