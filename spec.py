@@ -495,7 +495,6 @@ def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) 
   return verifier(*drafter.propose(context, k, 0), len(context) - 1, 1)
 
 _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
-_decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDictionary()
 def time_target_decode(verifier:Verifier, token:int) -> float:
   """Seconds of a round of the target alone (its one-token pass and draw, as the baseline pays them), measured once per
   target at position 0 before the prefill rewrites it: the best of 3 once the step is warm."""

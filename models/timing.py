@@ -14,3 +14,9 @@ def best_seconds(fn, reps:int=3, before=None) -> float:
     if before: before()
     t0 = synchronize(); fn(); return synchronize() - t0
   return min(once() for _ in range(reps))
+
+def timed(fn):
+  """One synchronized call of fn: its seconds, and what it returned."""
+  t0 = synchronize()
+  ret = fn()
+  return synchronize() - t0, ret

@@ -122,8 +122,8 @@ def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk
   timed, wrong = [], []
   run = lambda: Tensor([1.0, 2.0 + (batches[0].native and bool(wrong))])
   def costs(replay_s, native_s):
-    seconds = lambda run, reps=3: timed.append(batches[0].native) or (native_s if batches[0].native else replay_s)
-    monkeypatch.setattr(native, "best_seconds", seconds)
+    seconds = lambda run: (timed.append(batches[0].native) or (native_s if batches[0].native else replay_s), run())
+    monkeypatch.setattr(native, "timed", seconds)
   costs(2e-3, 1e-3)
   assert native.choose(None, run, "step a") is True and [b.native for b in batches] == [True, True, False] and timed
   timed.clear(); costs(1e-3, 2e-3)
@@ -366,7 +366,7 @@ def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
 
 def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits and the matvec kernel's options
-  where the device has work-groups, over enough of the weights (choice.enough(): the first to reach MEASURE_BYTES, or all) on
+  where the device has work-groups, over enough of the weights (choice.enough(): the first to reach TIMED_BYTES, or all) on
   random rows, and keeps the fastest; a second process reads the disk."""
   fresh_choices(monkeypatch)
   monkeypatch.setattr(linear, "matvec_outpaced", set())
@@ -378,7 +378,8 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   timed = []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
   monkeypatch.setattr(linear, "captured", lambda fn, x, before, also: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
-  monkeypatch.setattr(choice, "MEASURE_BYTES", 24 * 64 * 4 * 2)
+  monkeypatch.setattr(choice, "TIMED_BYTES", 24 * 64 * 4 * 2)
+  monkeypatch.setattr(choice, "compile_together", lambda outputs: None)
   weights, biases = [Tensor.empty(24, 64)] * 3, [Tensor.empty(24)] * 3
   assert linear.choose(3, weights, biases, dtypes.float32) == matvec_((32, 1))
   assert timed == [(way, (3, 64)) for way in costs for _ in range(2)], "not the two first weights, or not every way"
@@ -400,12 +401,12 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
     "another width: the matvec kernel timed again"
 
 def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
-  """linear.choose() times every call of a candidate after choice.evictor()'s flush, a read of MEASURE_BYTES of the
+  """linear.choose() times every call of a candidate after choice.evictor()'s flush, a read of EVICT_BYTES of the
   device's memory through a buffer of its own: a small model's weights are timed streaming from memory, as in a pass
   (its whole model is past the caches), not from the cache that would hold one role's (docs/engine.md). The flush
   allocates nothing before it is called: a choice read from the disk times nothing."""
   fresh_choices(monkeypatch)
-  monkeypatch.setattr(choice, "MEASURE_BYTES", 1 << 16)
+  monkeypatch.setattr(choice, "EVICT_BYTES", 1 << 16)
   events, evictor = [], choice.evictor
   def recording():
     flush = evictor()
@@ -422,7 +423,7 @@ def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
   flush = evictor()
   assert GlobalCounters.mem_used == before, "a flush's buffer made before its first call"
   flush()
-  assert GlobalCounters.mem_used >= before + choice.MEASURE_BYTES, "a flush reads less than MEASURE_BYTES"
+  assert GlobalCounters.mem_used >= before + choice.EVICT_BYTES, "a flush reads less than EVICT_BYTES"
 
 def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   """Causal attention of rows start..start+T-1 over the cache's first start positions and the block's own keys and

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
-from models.engine import attention, linear, native, norm, replay, store
+from models.engine import attention, internals, linear, native, norm, replay, store
 from models.engine.choice import CHOSEN, TINYGRAD, Way, half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
@@ -73,13 +73,15 @@ def choose_kernels(model:GPT2, widths) -> tuple:
            [([model.wte.weight], None, dict(dtype=dtypes.float32))]   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
+  # the norms first: a linear layer's choice times the layer norm before it as a block runs it
+  norms = [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f]
+  layers = [c for T in sorted(widths) for c in
+            [functools.partial(norm.choose, T, norms, model.dtype),
+             *(functools.partial(linear.choose, T, w, b, model.dtype, **form) for w, b, form in groups),
+             functools.partial(attention.choose, T, [b.attn for b in blocks], model.dtype)]]
   choices = []
-  with notice(what), graph():
-    for T in sorted(widths):
-      # the norms first: a linear layer's choice times the layer norm before it as a block runs it
-      choices.append(norm.choose(T, [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f], model.dtype))
-      choices += [linear.choose(T, weights, biases, model.dtype, **form) for weights, biases, form in groups]
-      choices.append(attention.choose(T, [b.attn for b in blocks], model.dtype))
+  with notice(what, lambda: (len(choices), len(layers))), graph():
+    for choose in layers: choices.append(choose())
   return tuple(choices)
 
 class Step:
@@ -103,7 +105,8 @@ class Step:
         searched = " with searched kernels" if self.search else ""
         with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"), \
              (tinygrad_kernels() if self.tinygrads else contextlib.nullcontext()):
-          for _ in range(2): ret = self.fn(*args)   # plainly, then captured: both now, on the same inputs
+          internals.capture_next(self.fn)
+          ret = self.fn(*args)
         if self.path is not None: store.save(self.fn, self.model(), self.path)
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them
       if self.calls == 1: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
@@ -135,15 +138,27 @@ def engine_kernels():
   return CHOSEN.fixed(lambda kind, key: pick(ways[kind](key), key[0]))
 
 @contextlib.contextmanager
-def notice(what:str, after:float=10.0):
-  """Say on stderr what runs once it has taken `after` seconds, and when it ends: a first run compiles, and measures
-  and searches kernels for minutes (gpt2-xl); later runs find them in tinygrad's disk cache and the store."""
+def notice(what:str, progress=None, every:float=10.0):
+  """Say on stderr what runs once it has taken `every` seconds, then every `every` seconds how far it is (progress():
+  done, total) and about how long it has left at its pace so far, and when it ends: a first run on a machine compiles,
+  and measures and searches kernels for minutes (gpt2-xl); later runs find them in tinygrad's disk cache and the
+  store."""
   say = lambda text: print(f"spec: {what}{text}", file=sys.stderr, flush=True)
-  t0, timer = time.perf_counter(), threading.Timer(after, say, [" (the work of a first run: it is cached) ..."])
-  timer.start()
+  t0, stop = time.perf_counter(), threading.Event()
+  def report():
+    first = True
+    while not stop.wait(every):
+      done, total = progress() if progress else (0, 0)
+      elapsed = time.perf_counter() - t0
+      left = f", about {elapsed * (total - done) / done:.0f} s left" if done else ""
+      say((" (a first run on this machine: kept for later runs)" if first else "") +
+          (f": {done} of {total} done{left}" if total else "") + " ...")
+      first = False
+  reporter = threading.Thread(target=report, daemon=True)
+  reporter.start()
   try: yield
   finally:
-    timer.cancel()
-    if time.perf_counter() - t0 > after: say(f": done in {time.perf_counter() - t0:.0f} s")
+    stop.set()
+    if time.perf_counter() - t0 > every: say(f": done in {time.perf_counter() - t0:.0f} s")
 
 __all__ = ["apply", "Block", "engine_kernels", "half_pays", "Step", "STEP_WIDTH", "tinygrad_kernels"]

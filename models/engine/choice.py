@@ -79,6 +79,16 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
   best = min(costs, key=costs.get) if costs else reference
   return best if failed else first_stored(kind, disk, (best,))[0]
 
+def compile_together(outputs:list) -> None:
+  """The kernels of these candidates (each a function returning its outputs, unrealized) compiled as one schedule:
+  tinygrad lowers and compiles a schedule's new kernels in parallel (its pool of worker processes, one a core), where
+  one candidate's at a time leave a core idle; each candidate's capture then finds them compiled. Where one fails to
+  build, compile or run, its own capture says why."""
+  tensors = []
+  for fn in outputs:
+    with contextlib.suppress(Exception): tensors += fn()
+  with contextlib.suppress(Exception), Context(BEAM=0): Tensor.realize(*tensors)
+
 def cached(kind:str, key:str):
   """What tinygrad's disk cache holds under kind and key: a choice another process made on this machine, or None."""
   return internals.cache_get(kind, key)
@@ -140,32 +150,34 @@ def captured(fn, *args, before=None, also=()) -> tuple[float, list[np.ndarray]]:
   after before() where given, and the outputs of the last call, then of a call on each tuple of arguments in also
   (inputs of other kinds, the same shapes)."""
   step = TinyJit(fn)
-  with Context(BEAM=0):
-    for _ in range(2): step(*args)                 # a TinyJit captures on its second call
+  internals.capture_next(step)
+  with Context(BEAM=0): step(*args)
   seconds = best_seconds(lambda: step(*args), before=before)
   return seconds, [t.numpy() for call in (args, *also) for t in step(*call)]
 
 # ***** what candidates are timed and compared on *****
 
-MEASURE_BYTES = 256 << 20   # a candidate is timed over this many bytes of weights (or all of them): past every cache
+TIMED_BYTES = 64 << 20    # a candidate is timed over this many bytes of weights (or all of them): milliseconds a call
+EVICT_BYTES = 256 << 20   # what a flush reads before each timed call: past every cache
 
 def enough(tensors:list[Tensor]) -> list[Tensor]:
-  """The first of tensors whose bytes reach MEASURE_BYTES, at least one: what a candidate is timed over, so that it
-  streams from memory as in a pass while a first run's measurements stay short."""
+  """The first of tensors whose bytes reach TIMED_BYTES, at least one: what a candidate is timed over, streaming from
+  memory after a flush (evictor()) as in a pass, long enough that a call's launches are a small part of it, short
+  enough that a first run compiles and times few layers."""
   out, total = [], 0
   for t in tensors:
-    if total >= MEASURE_BYTES: break
+    if total >= TIMED_BYTES: break
     out.append(t); total += t.nbytes()
   return out
 
 def evictor():
-  """A function that reads MEASURE_BYTES of the device's memory through a buffer of its own (held while the function
+  """A function that reads EVICT_BYTES of the device's memory through a buffer of its own (held while the function
   is): run ahead of a timed call, it leaves none of the weights timed in a cache (a CPU's last level, a GPU's L2), so
   that they stream from memory as in a pass, also a small model's, whose one role a cache would hold."""
   evict, held = TinyJit(lambda x: x.sum().realize()), []
   def run():
     # made at the first call (a choice read from the disk times nothing); written: untouched pages all read one page
-    if not held: held.append(Tensor.zeros(MEASURE_BYTES // 4).contiguous().realize())
+    if not held: held.append(Tensor.zeros(EVICT_BYTES // 4).contiguous().realize())
     evict(held[0])
   return run
 

@@ -23,9 +23,9 @@ from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
 from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
 
 __all__ = ["AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
-           "cache_get", "cache_put_first", "caching", "cpu_threads", "custom_call", "get_state_dict", "graph_runner",
-           "has_half", "inputs_of", "program_settings", "renumbered", "returned", "runs_c_functions", "target",
-           "threads_in_kernels", "work_groups", "writes_any"]
+           "cache_get", "cache_put_first", "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict",
+           "graph_runner", "has_half", "inputs_of", "program_settings", "renumbered", "returned", "runs_c_functions",
+           "target", "threads_in_kernels", "work_groups", "writes_any"]
 
 # ***** the device *****
 
@@ -111,6 +111,13 @@ def custom_call(fxn, out, *inputs, pos:UOp):
   return out.after(fxn(*params, pos.substitute(names)).call(*buffers, *variables))
 
 # ***** captured steps and their batches *****
+
+def capture_next(jit) -> None:
+  """A TinyJit whose next call captures, its plain first call skipped (its call count): tinygrad runs a function plainly
+  first so that what it realizes once is not captured, and the engine's steps and candidates take realized tensors
+  only; a capture schedules the function once and runs it once, where the two calls scheduled it twice."""
+  jit.cnt = max(jit.cnt, 1)
+
 
 @contextlib.contextmanager
 def graph_runner(device:str, runner):

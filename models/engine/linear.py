@@ -73,20 +73,24 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     biases = biases[:len(weights)] if bias else [None] * len(weights)
     lns = lns[:len(weights)] if lns else [None] * len(weights)
     evict = choice.evictor()
-    def run(way):
-      layers = list(zip(weights, biases, lns))
-      return captured(lambda x: [apply(x, w, b, dtype, ln, gelu, r, way).realize() for w, b, ln in layers], x,
-                      before=evict, also=[(o,) for o in other])
+    layers = list(zip(weights, biases, lns))
+    outputs = lambda way: lambda x: [apply(x, w, b, dtype, ln, gelu, r, way) for w, b, ln in layers]
+    def run(way): return captured(outputs(way), x, before=evict, also=[(o,) for o in other])
     candidates = [w for w in ways(T, N, C) if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
     costs = {}
     # what runs before (the layer norm, as chosen) is part of the cost
     ln_way = CHOSEN.way("norm", (T, C, x_dtype)) if lns[0] is not None else None
-    CHOSEN.measured["linear"][key] = fastest("spec_linear", (key, ln_way, choice.sources(__name__)),
+    what = (key, ln_way, choice.sources(__name__))
+    first = next((w for w in candidates if w.kernel == "matvec"), None)
+    # every candidate's kernels compiled at once, but the matvec kernel's later options, which may not run
+    if choice.cached("spec_linear", choice.machine_key(*what)) is None:
+      choice.compile_together([functools.partial(outputs(w), x) for w in candidates
+                               if w.kernel != "matvec" or w is first])
+    CHOSEN.measured["linear"][key] = fastest("spec_linear", what,
                                              {w: functools.partial(run, w) for w in candidates},
                                              f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
                                              family=lambda w: w.kernel if w.kernel == "matvec" else None, costs=costs,
                                              length=C)
-    first = next((w for w in candidates if w.kernel == "matvec"), None)
     if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()):
       matvec_outpaced.add((T, x_dtype))
   return CHOSEN.way("linear", key)

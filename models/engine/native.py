@@ -17,7 +17,7 @@ from tinygrad import Tensor, Device
 from models.engine import choice, internals
 from models.engine.device import say, why
 from models.engine.replay import LOCK, Replay
-from models.timing import best_seconds
+from models.timing import timed
 
 MAX_ARGS, HEADER = 63, 4   # tinygrad's CPU programs take at most 63 arguments; a command's words before them
 SPIN_US = 200   # how long the runner's threads wait for the next step or barrier before they sleep or yield
@@ -211,7 +211,8 @@ def graphs(captured) -> list[Native]:
 
 def choose(captured, run, name:str) -> bool|None:
   """Whether a step's batches run natively: the faster of the runner and replay.py, each timed on run() (a call of the
-  step, best of 2, twice in turn), once per machine and step (name: store.step_name()); None where none is Native.
+  step, each way twice in turn, the faster of its two kept; its outputs from its first), once per machine and step
+  (name: store.step_name()); None where none is Native.
   The runner runs the step's own kernels: its outputs must be replay.py's to the bit, else replay.py runs it, and one
   line says so. Batches that do not fit the runner (`fits`) are replayed whatever is chosen."""
   if not (batches := graphs(captured)): return None
@@ -220,8 +221,9 @@ def choose(captured, run, name:str) -> bool|None:
     seconds, outputs = {False: [], True: []}, {}
     for way in (False, True, False, True):
       for g in batches: g.native = way and g.fits
-      seconds[way].append(best_seconds(run, 2))
-      outputs.setdefault(way, [t.numpy().tobytes() for t in tensors(run())])
+      cost, ret = timed(run)
+      seconds[way].append(cost)
+      outputs.setdefault(way, [t.numpy().tobytes() for t in tensors(ret)])
     if outputs[True] != outputs[False]:
       say(f"native.py's runner computes other values than replay.py for a step on {Device.DEFAULT}: replayed")
       way = False
