@@ -6,6 +6,7 @@
   python3 tools/benchmark.py --quick    # fewer tokens, a smoke run
   python3 tools/benchmark.py --pairs deep --json results.json
   python3 tools/benchmark.py --search 1 # kernels from tinygrad's BEAM search (spec.py --search; minutes the first time)
+  python3 tools/benchmark.py --pairs none --first-run   # the default command's first run, every cache empty, and a warm one
 
 For each pair and temperature: t_target and t_draft (one-token decodes; the draft's also after a target pass, as a
 round runs it, the target's pass having evicted the draft's weights from the caches), t_verify(K+1) (one target pass
@@ -27,7 +28,7 @@ For the trained pair also the tokens of paired first rounds under both verificat
 draws for each).
 Not part of the test suite (it is not collected by pytest): it takes minutes and measures, it does not assert.
 """
-import argparse, collections, gc, json, os, pathlib, platform, resource, subprocess, sys
+import argparse, collections, gc, json, os, pathlib, platform, resource, shutil, subprocess, sys, tempfile, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
@@ -113,6 +114,21 @@ def peak_rss() -> int:
   """This process's peak resident memory: VmHWM where /proc has it (ru_maxrss on Linux keeps a parent's across exec)."""
   try: return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) * 1024
   except OSError: return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+FIRST_RUN = ["--dummy-weights", "-n", "16", "--prompt", "Alan Turing theorized that computers would one day become"]
+
+def first_runs(dtype:str, plain:bool) -> dict[str, float]:
+  """Seconds to exit of the default command (the README's, on random weights) with every cache empty (a new
+  XDG_CACHE_HOME: tinygrad's compiled kernels, the measured choices, the stored steps), then again on what it cached."""
+  cache, seconds = tempfile.mkdtemp(), {}
+  cmd = [sys.executable, str(ROOT / "spec.py"), *FIRST_RUN, "--dtype", dtype, *(["--plain"] if plain else [])]
+  try:
+    for run in ("first", "second"):
+      t0 = time.perf_counter()
+      subprocess.run(cmd, env={**os.environ, "XDG_CACHE_HOME": cache}, check=True, capture_output=True)
+      seconds[run] = time.perf_counter() - t0
+  finally: shutil.rmtree(cache, ignore_errors=True)
+  return seconds
 
 def generate_all(fn, prompts, n) -> tuple[float, int, list, int]:
   """fn over the prompts after a warm-up call on each (JIT capture, the prefill's width):
@@ -275,6 +291,8 @@ def main():
                   "spec.py --search (minutes the first time on a machine, then cached); 0: tinygrad's default kernels (the "
                   "linear layers' kernels are measured either way)")
   ap.add_argument("--plain", action="store_true", help="the port alone, without the engine (spec.py --plain)")
+  ap.add_argument("--first-run", action="store_true", help="also time the default command to its exit with every cache "
+                  "empty, then again warm (minutes; before the pairs, alone on the machine)")
   args = ap.parse_args()
   if args.plain and args.search: ap.error("--search is the engine's: drop --plain")
   pairs, reps = args.pairs.split(","), 2 if args.quick else 5
@@ -285,6 +303,10 @@ def main():
                         f"{args.dtype}, {'plain' if args.plain else f'engine, search {args.search}'}",
                 results=[])
   print(f"# spec benchmark: {report['machine']}\n")
+  if args.first_run:
+    report["first_run"] = runs = first_runs(args.dtype, args.plain)
+    print(f"the default command ({' '.join(FIRST_RUN)}) to its exit: every cache empty {runs['first']:.0f} s, "
+          f"then warm {runs['second']:.0f} s\n", flush=True)
   if "xl" in pairs:   # first, so that the peak resident memory is this run's
     target, draft = load(args.xl) if args.xl else load("gpt2-xl", dummy=True), load("gpt2", dummy=True)
     (tw, tk), (dw, dk), target_dtype = sizes(target), sizes(draft), target.dtype.name
