@@ -12,10 +12,10 @@ def best_seconds(fn, reps:int=3, before=None) -> float:
   after before() (untimed) where given."""
   def once() -> float:
     if before: before()
-    t0 = synchronize(); fn(); return synchronize() - t0
+    return timed(fn)[0]
   return min(once() for _ in range(reps))
 
-def timed(fn):
+def timed(fn) -> tuple[float, object]:
   """One synchronized call of fn: its seconds, and what it returned."""
   t0 = synchronize()
   ret = fn()

@@ -118,7 +118,6 @@ def capture_next(jit) -> None:
   only; a capture schedules the function once and runs it once, where the two calls scheduled it twice."""
   jit.cnt = max(jit.cnt, 1)
 
-
 @contextlib.contextmanager
 def graph_runner(device:str, runner):
   """Captures on device batch their kernels into runner (a GraphRunner) meanwhile, unless tinygrad has a graph for the
