@@ -50,8 +50,11 @@ def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:boo
   return CHOSEN.way("linear", (math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, around))
 
 def ways(T:int, N:int, C:int) -> list[Way]:
-  """The ways that fit T rows times (N, C) on this device, tinygrad's first."""
-  layouts = [Way("lanes", layout) for layout in lanes.LAYOUTS if lanes.fits(N, C, layout)]
+  """The ways that fit T rows times (N, C) on this device, tinygrad's first. The lanes kernel's "four" layout only where
+  "lanes" does not fit: "lanes" at half the outputs, it never measured ahead of the others where both fit, and a first
+  run compiles one kernel less a layer (docs/engine.md)."""
+  fit = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout)]
+  layouts = [Way("lanes", layout) for layout in fit if layout != "four" or "lanes" not in fit]
   return [TINYGRAD] + layouts + ([Way("matvec", o) for o in matvec.options(N, C)] if matvec.fits(N, C) else [])
 
 def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype=None, lns:list|None=None,
@@ -74,7 +77,7 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     lns = lns[:len(weights)] if lns else [None] * len(weights)
     evict = choice.evictor()
     layers = list(zip(weights, biases, lns))
-    outputs = lambda way: lambda x: [apply(x, w, b, dtype, ln, gelu, r, way) for w, b, ln in layers]
+    outputs = lambda way, layers=layers: lambda x: [apply(x, w, b, dtype, ln, gelu, r, way) for w, b, ln in layers]
     def run(way): return captured(outputs(way), x, before=evict, also=[(o,) for o in other])
     candidates = [w for w in ways(T, N, C) if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
     costs = {}
@@ -82,9 +85,10 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     ln_way = CHOSEN.way("norm", (T, C, x_dtype)) if lns[0] is not None else None
     what = (key, ln_way, choice.sources(__name__))
     first = next((w for w in candidates if w.kernel == "matvec"), None)
-    # every candidate's kernels compiled at once, but the matvec kernel's later options, which may not run
+    # every candidate's kernels compiled at once (one layer's: the others run the same), but the matvec kernel's later
+    # options, which may not run
     if choice.cached("spec_linear", choice.machine_key(*what)) is None:
-      choice.compile_together([functools.partial(outputs(w), x) for w in candidates
+      choice.compile_together([functools.partial(outputs(w, layers[:1]), x) for w in candidates
                                if w.kernel != "matvec" or w is first])
     CHOSEN.measured["linear"][key] = fastest("spec_linear", what,
                                              {w: functools.partial(run, w) for w in candidates},

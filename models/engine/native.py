@@ -231,6 +231,10 @@ def choose(captured, run, name:str) -> bool|None:
   for g in batches: g.native = way and g.fits
   return way
 
+def replay(captured) -> None:
+  """A step's batches replayed by replay.py, not the runner."""
+  for g in graphs(captured): g.native = False
+
 def tensors(ret) -> list:
   """The Tensors a step returns (one, or a tuple of them and None)."""
   return [t for t in (ret if isinstance(ret, (tuple, list)) else (ret,)) if isinstance(t, Tensor)]
