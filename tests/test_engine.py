@@ -406,6 +406,14 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   assert [w for w, _ in timed] == [TINYGRAD, *layouts, matvec_((64, 1))], \
     "another width: the matvec kernel timed again"
 
+def test_a_choice_is_timed_over_enough_bytes_in_few_layers(monkeypatch):
+  """choice.enough(): the first weights whose bytes reach TIMED_BYTES, at least one, at most TIMED_LAYERS (a small
+  model's every layer would be a capture's scheduling)."""
+  monkeypatch.setattr(choice, "TIMED_BYTES", 6 << 20)
+  big, small = [Tensor.empty(1024, 1024) for _ in range(4)], [Tensor.empty(16, 16) for _ in range(40)]
+  assert choice.enough(big) == big[:2] and choice.enough(big[:1]) == big[:1]
+  assert choice.enough(small) == small[:choice.TIMED_LAYERS] and 1 < choice.TIMED_LAYERS < 40
+
 def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
   """linear.choose() times every call of a candidate after choice.evictor()'s flush, a read of EVICT_BYTES of the
   device's memory through a buffer of its own: a small model's weights are timed streaming from memory, as in a pass

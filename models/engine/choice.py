@@ -158,15 +158,17 @@ def captured(fn, *args, before=None, also=()) -> tuple[float, list[np.ndarray]]:
 # ***** what candidates are timed and compared on *****
 
 TIMED_BYTES = 64 << 20    # a candidate is timed over this many bytes of weights (or all of them): milliseconds a call
+TIMED_LAYERS = 8          # and over at most this many layers: each is a capture's scheduling, a first run's cost
 EVICT_BYTES = 256 << 20   # what a flush reads before each timed call: past every cache
 
 def enough(tensors:list[Tensor]) -> list[Tensor]:
-  """The first of tensors whose bytes reach TIMED_BYTES, at least one: what a candidate is timed over, streaming from
-  memory after a flush (evictor()) as in a pass, long enough that a call's launches are a small part of it, short
-  enough that a first run compiles and times few layers."""
+  """The first of tensors whose bytes reach TIMED_BYTES, at least one and at most TIMED_LAYERS: what a candidate is
+  timed over, streaming from memory after a flush (evictor()) as in a pass, long enough that a call's launches are a
+  small part of it (as many a layer as in a pass where the layers are small), short enough that a first run schedules
+  and times few layers."""
   out, total = [], 0
   for t in tensors:
-    if total >= TIMED_BYTES: break
+    if total >= TIMED_BYTES or len(out) == TIMED_LAYERS: break
     out.append(t); total += t.nbytes()
   return out
 
