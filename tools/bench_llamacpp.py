@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """Optional benchmark step: spec against llama.cpp's decoding of the same checkpoints on the same CPU, one run each,
-greedy, the trained pair docs-deep/docs-draft. Not a dependency of spec.py or the tests:
+greedy, the trained pair docs-deep/docs-draft, in float32 and float16. Not a dependency of spec.py or the tests.
+llama.cpp as pip's llama-cpp-python source package carries it (offline once downloaded), or a checkout:
 
-  git clone https://github.com/ggml-org/llama.cpp && cmake -S llama.cpp -B llama.cpp/build -DLLAMA_CURL=OFF \
-    && cmake --build llama.cpp/build -j --target llama-bench llama-cli llama-speculative
+  pip download --no-binary :all: --no-deps llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
+  L=$(echo llama_cpp_python-*/vendor/llama.cpp) && cmake -S $L -B $L/build -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+    && cmake --build $L/build -j --target llama-bench llama-completion llama-speculative llama-quantize
   pip install sentencepiece pyyaml                      # what llama.cpp's gguf-py imports
-  python3 tools/bench_llamacpp.py --llama-cpp llama.cpp  # about 5 minutes
+  python3 tools/bench_llamacpp.py --llama-cpp $L         # about 10 minutes
 
 The checkpoints become float32 GGUF files (llama.cpp's gguf-py writes them; the tokenizer is GPT-2's, from tiktoken's
-r50k_base: its tokens and the merges that rebuild them). Then, on every core: llama-bench's plain decoding (tg, 128
-tokens after none), and each prompt in turn by llama-cli's greedy decoding, llama-speculative's (the draft,
---draft-max 2 and 4, its other settings its defaults), spec's target alone and spec's speculative sampling with default
-flags (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
-The first prompt's greedy text is compared, a check of the conversion: the same weights and tokenizer, the same text.
+r50k_base: its tokens and the merges that rebuild them), the target also float16 (llama-quantize F16). Then, on every
+core: llama-bench's plain decoding of the target in F32 and F16 (tg, 128 tokens after none), and each prompt in turn by
+llama.cpp's greedy decoding in F32 and F16 (llama-completion; llama-cli where an older build has no llama-completion),
+llama-speculative's (the draft, at most 2 and 4 drafted tokens: --spec-draft-n-max, or --draft-max in older builds, its
+other settings its defaults), spec's target alone and spec's speculative sampling with default flags in float32 and
+float16 (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
+The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after. The first prompt's greedy
+text is compared, a check of the conversion: the same weights and tokenizer, the same text.
 """
 import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -22,7 +27,7 @@ if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED
 import numpy as np
 from tinygrad.nn.state import safe_load
 import models, spec
-from benchmark import PROMPTS
+from benchmark import PROMPTS, bandwidth
 
 BLOCK = (("ln_1", "attn_norm"), ("attn.c_attn", "attn_qkv"), ("attn.c_proj", "attn_output"), ("ln_2", "ffn_norm"),
          ("mlp.c_fc", "ffn_up"), ("mlp.c_proj", "ffn_down"))
@@ -70,10 +75,21 @@ def to_gguf(gguf, checkpoint:pathlib.Path, out:pathlib.Path, vocab) -> pathlib.P
   w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
   return out
 
-def run(cmd:list) -> str:
+def run(cmd:list, check:bool=True) -> str:
   out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600)
-  if out.returncode: sys.exit(f"{cmd[0]} failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+  if check and out.returncode: sys.exit(f"{cmd[0]} failed ({out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
   return out.stdout + out.stderr
+
+def tool(bin_:pathlib.Path, *names:str) -> pathlib.Path:
+  """The first of these llama.cpp programs the build has (llama-completion took llama-cli's plain completion)."""
+  for name in names:
+    if (bin_ / name).is_file(): return bin_ / name
+  sys.exit(f"{bin_}: none of {', '.join(names)} is built")
+
+def draft_flags(speculative:pathlib.Path, K:int) -> list:
+  """At most K drafted tokens a round, at least none, in the flags this build of llama-speculative takes."""
+  new = "--spec-draft-n-max" in run([speculative, "--help"], check=False)
+  return ["--spec-draft-n-max", K, "--spec-draft-n-min", 0] if new else ["--draft-max", K, "--draft-min", 0]
 
 def eval_ms(log:str) -> tuple[float, int]:
   """llama.cpp's eval timer: (milliseconds, tokens) of the generated tokens after the prompt."""
@@ -85,10 +101,13 @@ def speculative_ms(log:str) -> tuple[float, int]:
   n, seconds = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log).groups()
   return 1e3 * float(seconds), int(n)
 
+def memory_rate() -> str:
+  return f"{bandwidth()['numpy BLAS matvec'] / 1e9:.1f} GB/s"
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--llama-cpp", required=True, type=pathlib.Path, help="a llama.cpp checkout built with cmake "
-                  "(build/bin/llama-bench, llama-cli, llama-speculative; gguf-py)")
+  ap.add_argument("--llama-cpp", required=True, type=pathlib.Path, help="a llama.cpp source tree built with cmake "
+                  "(build/bin/llama-bench, llama-completion or llama-cli, llama-speculative, llama-quantize; gguf-py)")
   ap.add_argument("-n", type=int, default=128, help="new tokens a prompt")
   ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the benchmark's prompts")
   ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (spec: its own, every core)")
@@ -96,29 +115,34 @@ def main():
   sys.path.insert(0, str(args.llama_cpp / "gguf-py"))
   import gguf
   bin_ = args.llama_cpp / "build" / "bin"
-  commit = run(["git", "-C", args.llama_cpp, "rev-parse", "--short", "HEAD"]).strip()
-  prompts = PROMPTS[:args.prompts]
-  target_model, draft_model = (models.load(str(SHARED / d), "float32") for d in ("docs-deep", "docs-draft"))
-  enc = models.tokenizer()
-  ours = {"spec, target alone": lambda p, n: spec.autoregressive_generate(target_model, p, n, eos=None),
-          "spec, speculative sampling (default flags)":
-            lambda p, n: spec.speculative_generate(target_model, draft_model, p, max_new_tokens=n, eos=None)}
+  completion, speculative = tool(bin_, "llama-completion", "llama-cli"), tool(bin_, "llama-speculative")
+  plain_flags = ["-no-cnv"] if "-no-cnv" in run([completion, "--help"], check=False) else []
+  prompts, enc = PROMPTS[:args.prompts], models.tokenizer()
+  rate_before = memory_rate()
+  ours = {}
+  for dtype in ("float32", "float16"):
+    target_model, draft_model = (models.load(str(SHARED / d), dtype) for d in ("docs-deep", "docs-draft"))
+    ours[f"spec, target alone, {dtype}"] = lambda p, n, t=target_model: spec.autoregressive_generate(t, p, n, eos=None)
+    ours[f"spec, speculative sampling (default flags), {dtype}"] = \
+      lambda p, n, t=target_model, d=draft_model: spec.speculative_generate(t, d, p, max_new_tokens=n, eos=None)
   for fn in ours.values():
     for p in prompts: fn(enc.encode(p), 4)                          # warm-up: the steps, every prefill width
   with tempfile.TemporaryDirectory() as tmp:
     vocab = gpt2_vocab()
     target, draft = (to_gguf(gguf, SHARED / d, pathlib.Path(tmp) / f"{d}.gguf", vocab)
                      for d in ("docs-deep", "docs-draft"))
-    print(f"# spec against llama.cpp {commit}: docs-deep / docs-draft, float32, {args.threads} threads, greedy, "
-          f"{len(prompts)} prompts x {args.n} tokens\n")
-    bench = json.loads(run([bin_ / "llama-bench", "-m", target, "-p", 0, "-n", args.n, "-t", args.threads, "-r", 5,
-                            "-o", "json"]))
+    target16 = pathlib.Path(tmp) / "docs-deep-f16.gguf"
+    run([tool(bin_, "llama-quantize"), target, target16, "F16"])
+    bench = {f: json.loads(run([tool(bin_, "llama-bench"), "-m", m, "-p", 0, "-n", args.n, "-t", args.threads, "-r", 5,
+                                "-o", "json"]))[0] for f, m in (("F32", target), ("F16", target16))}
+    print(f"# spec against llama.cpp {bench['F32'].get('build_commit', '?')}: docs-deep / docs-draft, {args.threads} "
+          f"threads, greedy, {len(prompts)} prompts x {args.n} tokens\n")
     common = ["-n", args.n, "-t", args.threads, "--temp", 0, "--ignore-eos"]
-    llama = {"llama.cpp, llama-cli greedy decoding": lambda p: eval_ms(run([bin_ / "llama-cli", "-m", target, "-p", p,
-                                                                            "-no-cnv", *common]))}
+    llama = {f"llama.cpp, {completion.name} greedy decoding, {f}": lambda p, m=m: eval_ms(run(
+      [completion, "-m", m, "-p", p, *plain_flags, *common])) for f, m in (("F32", target), ("F16", target16))}
     for K in (2, 4):
-      llama[f"llama.cpp, llama-speculative (K {K})"] = lambda p, K=K: speculative_ms(run(
-        [bin_ / "llama-speculative", "-m", target, "-md", draft, "-p", p, "--draft-max", K, "--draft-min", 0, *common]))
+      llama[f"llama.cpp, llama-speculative (K {K}), F32"] = lambda p, K=K: speculative_ms(run(
+        [speculative, "-m", target, "-md", draft, "-p", p, *draft_flags(speculative, K), *common]))
     # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not
     totals = {name: [0.0, 0] for name in [*llama, *ours]}
     for p in prompts:
@@ -128,10 +152,12 @@ def main():
       for name, fn in ours.items():
         stats = fn(enc.encode(p), args.n)[1]
         totals[name][0] += 1e3 * stats.time_total; totals[name][1] += stats.new_tokens
-    text = run([bin_ / "llama-cli", "-m", target, "-p", prompts[0], "-no-cnv", *common[:-1]])
-  first = enc.decode(spec.autoregressive_generate(target_model, enc.encode(prompts[0]), 32, eos=None)[0])
+    text = run([completion, "-m", target, "-p", prompts[0], *plain_flags, *common[:-1]])
+  first = enc.decode(ours["spec, target alone, float32"](enc.encode(prompts[0]), 32)[0])
+  print(f"memory (numpy's BLAS matrix-vector product): {rate_before} before, {memory_rate()} after\n")
   print("| run | ms a token |\n|---|---|")
-  print(f"| llama.cpp, llama-bench decoding (tg, no prompt, before the rest) | {1e3 / bench[0]['avg_ts']:.2f} |")
+  for f, b in bench.items():
+    print(f"| llama.cpp, llama-bench decoding, {f} (tg, no prompt, before the rest) | {1e3 / b['avg_ts']:.2f} |")
   for name, (ms, n) in totals.items(): print(f"| {name} | {ms / n:.2f} |")
   same = first.strip()[:60] in text
   print(f"\nthe first prompt's greedy text (32 tokens, spec's target alone) {'is' if same else 'is NOT'} llama.cpp's")
