@@ -369,8 +369,8 @@ def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
   assert choice.fastest("spec_test", ("close",), close, "test", dtypes.float32, family) == (2,) and timed[3:] == [None, (1,), (2,)]
 
 def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
-  """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits and the matvec kernel's options
-  where the device has work-groups, over enough of the weights (choice.enough(): the first to reach TIMED_BYTES, or all) on
+  """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits ("four" where "lanes" does not)
+  and the matvec kernel's options where the device has work-groups, over enough of the weights (choice.enough()) on
   random rows, and keeps the fastest; a second process reads the disk."""
   fresh_choices(monkeypatch)
   monkeypatch.setattr(linear, "matvec_outpaced", set())
