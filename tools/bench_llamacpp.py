@@ -86,10 +86,10 @@ def tool(bin_:pathlib.Path, *names:str) -> pathlib.Path:
     if (bin_ / name).is_file(): return bin_ / name
   sys.exit(f"{bin_}: none of {', '.join(names)} is built")
 
-def draft_flags(speculative:pathlib.Path, K:int) -> list:
-  """At most K drafted tokens a round, at least none, in the flags this build of llama-speculative takes."""
+def draft_flags(speculative:pathlib.Path) -> tuple[str, str]:
+  """The flags of this build of llama-speculative for the most and the fewest drafted tokens a round."""
   new = "--spec-draft-n-max" in run([speculative, "--help"], check=False)
-  return ["--spec-draft-n-max", K, "--spec-draft-n-min", 0] if new else ["--draft-max", K, "--draft-min", 0]
+  return ("--spec-draft-n-max", "--spec-draft-n-min") if new else ("--draft-max", "--draft-min")
 
 def eval_ms(log:str) -> tuple[float, int]:
   """llama.cpp's eval timer: (milliseconds, tokens) of the generated tokens after the prompt."""
@@ -140,9 +140,10 @@ def main():
     common = ["-n", args.n, "-t", args.threads, "--temp", 0, "--ignore-eos"]
     llama = {f"llama.cpp, {completion.name} greedy decoding, {f}": lambda p, m=m: eval_ms(run(
       [completion, "-m", m, "-p", p, *plain_flags, *common])) for f, m in (("F32", target), ("F16", target16))}
+    most, fewest = draft_flags(speculative)
     for K in (2, 4):
       llama[f"llama.cpp, llama-speculative (K {K}), F32"] = lambda p, K=K: speculative_ms(run(
-        [speculative, "-m", target, "-md", draft, "-p", p, *draft_flags(speculative, K), *common]))
+        [speculative, "-m", target, "-md", draft, "-p", p, most, K, fewest, 0, *common]))
     # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not
     totals = {name: [0.0, 0] for name in [*llama, *ours]}
     for p in prompts:

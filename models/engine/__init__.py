@@ -110,8 +110,9 @@ class Step:
         if self.path is not None: store.save(self.fn, self.model(), self.path)
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them; a prefill's pass
       # runs once per prompt, where launches cost nothing beside it: replayed, nothing timed
-      if self.calls == 1 and self.tinygrads: native.replay(self.fn.captured)
-      elif self.calls == 1: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
+      if self.calls == 1:
+        if self.tinygrads: native.replay(self.fn.captured)
+        else: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
       # a later call on these inputs skips TinyJit's call; a few kept (a verify step's block: either draft width)
       if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts][:SHORTCUTS]
     return ret
