@@ -31,8 +31,10 @@ def disk(monkeypatch):
   return table
 
 def fresh_choices(monkeypatch) -> None:
-  """This process's choices empty meanwhile: the next choice measures."""
+  """This process's choices empty meanwhile, and the widths where the matvec kernel lost: the next choice measures it
+  all."""
   monkeypatch.setattr(CHOSEN, "measured", {kind: {} for kind in CHOSEN.measured})
+  monkeypatch.setattr(linear, "matvec_outpaced", set())
 
 def layer(H:int, P:int, D:int, cache:Tensor|None=None) -> models.gpt2.Attention:
   """An attention layer of H heads of D over P positions, its cache given."""
@@ -373,7 +375,6 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   and the matvec kernel's options where the device has work-groups, over enough of the weights (choice.enough()) on
   random rows, and keeps the fastest; a second process reads the disk."""
   fresh_choices(monkeypatch)
-  monkeypatch.setattr(linear, "matvec_outpaced", set())
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   lanes_, matvec_ = lambda layout: Way("lanes", layout), lambda option: Way("matvec", option)
@@ -603,7 +604,6 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
   fresh_choices(monkeypatch)
-  monkeypatch.setattr(linear, "matvec_outpaced", set())
   unsearched, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
@@ -741,7 +741,6 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
   monkeypatch.setattr(module, fn, broken)
   fresh_choices(monkeypatch)   # earlier tests' choices: measured here afresh
-  monkeypatch.setattr(linear, "matvec_outpaced", set())
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)
   seq = [int(t) for t in np.random.default_rng(4).integers(0, 64, 6)]
@@ -837,7 +836,6 @@ def test_a_matvec_kernel_wrong_only_with_its_layer_norm_never_wins(monkeypatch, 
   def planted(*args, norm=None, **kw): return right(*args, norm=None if norm is None else norm + 1e5, **kw)
   monkeypatch.setattr(matvec, "matvec_kernel", planted)
   fresh_choices(monkeypatch)
-  monkeypatch.setattr(linear, "matvec_outpaced", set())
   # run once: no verdict hangs on times
   monkeypatch.setattr(choice, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
@@ -879,7 +877,6 @@ def test_a_candidate_wrong_on_one_kind_of_row_never_wins(monkeypatch, disk, capf
   monkeypatch.setattr(linear, "apply", apply)
   monkeypatch.setattr(norm, "layer_norm", layer_norm)
   fresh_choices(monkeypatch)
-  monkeypatch.setattr(linear, "matvec_outpaced", set())
   # run once: no verdict hangs on times
   monkeypatch.setattr(choice, "best_seconds", lambda fn, reps=3, before=None: (fn(), 1.0)[1])
   rng, half = np.random.default_rng(0), models.DTYPES[dtype()]
