@@ -439,7 +439,6 @@ NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
 _token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
-_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
 def device_tokens(tokens:list[int]) -> Tensor:
   """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device, built by a compiled kernel per width from
   bound variables: Tensor(list) schedules a new host-to-device copy on every call. Its buffer is rewritten by the next
@@ -553,7 +552,6 @@ class AutoLookahead:
     self.last_run[K] = self.clock
 
 # -K auto's estimate per target (weakly: its entries go with it), then per draft model and choices
-_auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
 _auto: weakref.WeakKeyDictionary[GPT2, dict] = weakref.WeakKeyDictionary()
 def auto_lookahead(drafter:Drafter, verifier:Verifier) -> AutoLookahead:
   """The -K auto estimate for this target, draft and structural choices, kept from run to run: a later run starts
