@@ -382,7 +382,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
            matvec_((32, 1)): 0.5}
   timed = []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
-  monkeypatch.setattr(linear, "captured", lambda fn, x, before, also: (costs[fn(x) and timed[-1][0]], [np.ones(3)]))
+  monkeypatch.setattr(linear, "captured", lambda fn, calls, before: (costs[fn(*calls[0]) and timed[-1][0]], [np.ones(3)]))
   monkeypatch.setattr(choice, "TIMED_BYTES", 24 * 64 * 4 * 2)
   monkeypatch.setattr(choice, "compile_together", lambda outputs: None)
   weights, biases = [Tensor.empty(24, 64)] * 3, [Tensor.empty(24)] * 3
@@ -491,16 +491,20 @@ def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
   they are) at a short and a long context, and keeps the fastest; a second process reads the disk."""
   fresh_choices(monkeypatch)
   monkeypatch.setattr(attention, "ways", lambda D: [TINYGRAD, Way("rows"), Way("chunks", 32)])
-  costs, timed = {TINYGRAD: 2.0, Way("rows"): 1.5, Way("chunks", 32): 1.0}, []
+  costs, runs = {TINYGRAD: 2.0, Way("rows"): 1.5, Way("chunks", 32): 1.0}, []
   layers = [layer(2, 128, 16) for _ in range(10)]
   caches = [a.cache_kv for a in layers]
-  ways = iter(w for w in costs for _ in range(2))
-  monkeypatch.setattr(attention, "captured", lambda fn, qkv, pos: timed.append((next(ways), pos.unbind()[1], qkv.shape)) or (costs[timed[-1][0]], [np.ones(3)]))
+  ways = iter(costs)
+  def captured(fn, calls, timed, after):
+    way = next(ways)
+    runs.extend((way, pos.unbind()[1], qkv.shape) for qkv, pos in calls[:timed])
+    return costs[way], [np.ones(3)]
+  monkeypatch.setattr(attention, "captured", captured)
   assert attention.choose(3, layers, dtypes.float32) == Way("chunks", 32)
-  assert timed == [(w, p, (1, 3, 96)) for w in costs for p in (8, 96)]
+  assert runs == [(w, p, (1, 3, 96)) for w in costs for p in (8, 96)], "not one capture a way, timed at both contexts"
   assert [a.cache_kv for a in layers] == caches, "the model's caches were replaced"
   fresh_choices(monkeypatch)
-  assert attention.choose(3, layers, dtypes.float32) == Way("chunks", 32) and len(timed) == 6, "measured again"
+  assert attention.choose(3, layers, dtypes.float32) == Way("chunks", 32) and len(runs) == 6, "measured again"
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, pytest.param(5, marks=pytest.mark.gpu), 16])
@@ -529,7 +533,8 @@ def test_norm_choose_measures_every_way(monkeypatch, disk):
   monkeypatch.setattr(norm, "groups", lambda C: [32, 64])
   costs, timed = {TINYGRAD: 2.0, Way("row"): 1.5, Way("stats", 32): 1.0, Way("stats", 64): 1.2}, []
   ways = iter(costs)
-  def captured(fn, x, also):
+  def captured(fn, calls):
+    (x,), *also = calls
     timed.append((next(ways), x.shape, [o.shape for o, in also], x.numpy().max() > 1000))
     return costs[timed[-1][0]], [np.ones(3)]
   monkeypatch.setattr(norm, "captured", captured)
@@ -554,7 +559,7 @@ def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
     def contiguous(self): return self
     def realize(self): return self
   monkeypatch.setattr(choice, "Tensor", Fake)
-  def seconds(cost): return lambda fn, x: (timed.append(x.dtype) or cost[x.dtype], [])
+  def seconds(cost): return lambda fn, calls: (timed.append(calls[0][0].dtype) or cost[calls[0][0].dtype], [])
   monkeypatch.setattr(choice, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
   assert models.resolve_dtype("auto", plain=True) == dtypes.float32 and timed == []
   assert models.resolve_dtype("auto") == dtypes.half and timed == [dtypes.half, dtypes.float32]

@@ -136,13 +136,13 @@ def model_clock(weights:set):
   """The engine's measured choices made by this model: a captured function's predicted seconds (its outputs NULL's
   zeros), nothing cached; a flush before a call (before) changes nothing: the model streams every weight."""
   saved = choice.captured, choice.cached, choice.first_stored
-  def captured(fn, *args, before=None, also=()):
-    step = TinyJit(fn)
+  def captured(fn, calls, timed=1, before=None, after=list):
+    step = TinyJit(lambda *args: [t.realize() for t in fn(*args)])
     with Context(BEAM=0):
-      for _ in range(2): step(*args)
-    bound = dict(a.unbind() for a in args if isinstance(a, UOp))
-    return predicted_seconds(step.captured.linear, weights, {v.expr: value for v, value in bound.items()}), \
-      [t.numpy() for call in (args, *also) for t in step(*call)]
+      for _ in range(2): step(*calls[0])
+    bound = lambda args: {v.expr: value for v, value in (a.unbind() for a in args if isinstance(a, UOp))}
+    return sum(predicted_seconds(step.captured.linear, weights, bound(args)) for args in calls[:timed]), \
+      [out for args in calls for out in [t.numpy() for t in step(*args)] + after()]
   # over one layer: the model predicts the same for every layer of a shape, and capturing 48 took minutes
   one_layer = lambda model, widths: choose(types.SimpleNamespace(**{**vars(model), "h": model.h[:1]}), widths)
   choice.cached, choice.first_stored = lambda *a: None, lambda t, k, v: v

@@ -43,19 +43,18 @@ class Block:
     qkv = linear.apply(x, attn.c_attn.weight, attn.c_attn.bias, ln=self.ln_1)
     x = linear.apply(attention.apply(attn, qkv, start_pos), attn.c_proj.weight, attn.c_proj.bias, residual=x)
     h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, ln=self.ln_2, gelu=True)
-    y = linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x)
-    # the port's bound on what tinygrad fuses; the matvec kernel's output is a buffer of its own (a copy otherwise)
-    matvec = linear.chosen(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x).kernel == "matvec"
-    return y if matvec else y.contiguous()
+    # realized, a block at a time (the port's bound on what tinygrad fuses): in a capture every block after the first
+    # has the same graph but for its buffers, and tinygrad's schedule cache schedules it once (a step's capture in half)
+    return linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x).realize()
 
-def compile(model_ref, search:int, fn:functools.partial, key:tuple) -> Step:
+def compile(model_ref, search:int, fn:functools.partial, key:tuple, passes:tuple[int, ...]) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
-  has its kernels chosen first, for its width and for one token (a draft's step runs T tokens, then one at a time),
-  and searched when search > 0; a prefill pass runs once per prompt, on tinygrad's default kernels (whatever the
-  tables hold by then: a stored pass is the same whichever process captured it)."""
+  has its kernels chosen first, for the widths of its passes (a draft's step runs T tokens, then one at a time; the
+  target's verify step T tokens only), and searched when search > 0; a prefill pass runs once per prompt, on tinygrad's
+  default kernels (whatever the tables hold by then: a stored pass is the same whichever process captured it)."""
   model, (name, T) = model_ref(), key[:2]
   step = name != GPT2.fill.__name__ and T <= STEP_WIDTH
-  choices = choose_kernels(model, {1, T}) if step else ()
+  choices = choose_kernels(model, set(passes)) if step else ()
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
   stored = store.step_name(model, fn.func, key, search, choices)
   return Step(fn, search if step else 0, what, model, stored, tinygrads=not step)

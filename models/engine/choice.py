@@ -145,15 +145,16 @@ def sources(*modules:str) -> str:
       if isinstance(dep, str) and dep.split(".")[0] == "models": todo.append(dep)
   return "".join(seen[name] for name in sorted(seen))
 
-def captured(fn, *args, before=None, also=()) -> tuple[float, list[np.ndarray]]:
-  """fn(*args) (a list of Tensors) captured by a TinyJit on tinygrad's default kernels, then timed: best of 3, each
-  after before() where given, and the outputs of the last call, then of a call on each tuple of arguments in also
-  (inputs of other kinds, the same shapes)."""
-  step = TinyJit(fn)
+def captured(fn, calls:list[tuple], timed:int=1, before=None, after=list) -> tuple[float, list[np.ndarray]]:
+  """fn (a list of Tensors, each realized apart: a layer's graph is scheduled once, its copies found in tinygrad's
+  schedule cache) captured by a TinyJit on tinygrad's default kernels, on the first tuple of arguments in calls; its
+  calls on the first `timed` timed (best of 3, each after before() where given) and summed; and the outputs of a call on
+  each, then after()'s (what the call left behind)."""
+  step = TinyJit(lambda *args: [t.realize() for t in fn(*args)])
   internals.capture_next(step)
-  with Context(BEAM=0): step(*args)
-  seconds = best_seconds(lambda: step(*args), before=before)
-  return seconds, [t.numpy() for call in (args, *also) for t in step(*call)]
+  with Context(BEAM=0): step(*calls[0])
+  seconds = sum(best_seconds(lambda: step(*args), before=before) for args in calls[:timed])
+  return seconds, [out for args in calls for out in [t.numpy() for t in step(*args)] + after()]
 
 # ***** what candidates are timed and compared on *****
 
@@ -217,6 +218,6 @@ def half_pays() -> bool:
     def cost(dtype) -> float:
       x = Tensor.ones(1, 4096, dtype=dtype).contiguous().realize()
       ws = [w.cast(dtype).contiguous().realize() for w in weights]
-      return captured(lambda x: [x.matmul(w.T).realize() for w in ws], x)[0]
+      return captured(lambda x: [x.matmul(w.T) for w in ws], [(x,)])[0]
     pays = first_stored("spec_half", disk, cost(dtypes.half) * 1.25 < cost(dtypes.float32))
   return pays

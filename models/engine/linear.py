@@ -78,7 +78,7 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     evict = choice.evictor()
     layers = list(zip(weights, biases, lns))
     outputs = lambda way, layers=layers: lambda x: [apply(x, w, b, dtype, ln, gelu, r, way) for w, b, ln in layers]
-    def run(way): return captured(outputs(way), x, before=evict, also=[(o,) for o in other])
+    def run(way): return captured(outputs(way), [(x,)] + [(o,) for o in other], before=evict)
     candidates = [w for w in ways(T, N, C) if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
     costs = {}
     # what runs before (the layer norm, as chosen) is part of the cost

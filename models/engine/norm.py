@@ -96,8 +96,8 @@ def choose(T:int, norms:list[LayerNorm], dtype) -> Way:
     norms = norms[:MEASURED_NORMS]
     x, *other = activations(T, C, dtype=dtype)
     def run(way):
-      return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way) for n in norms], x,
-                      also=[(o,) for o in other])
+      return captured(lambda x: [layer_norm(x, n.weight, n.bias, n.eps, way) for n in norms],
+                      [(x,)] + [(o,) for o in other])
     CHOSEN.measured["norm"][key] = fastest("spec_norm", (key, sources(__name__)),
                                            {w: functools.partial(run, w) for w in ways(C)},
                                            f"layer norm kernel ({T} rows x {C})", dtype,
