@@ -298,11 +298,12 @@ class ModelDraft:
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
-    step = self.model.jit(propose, len(tokens) - start, K=K, **self.static)
     positions = self.model.positions.bind(start)
-    return call(step, self.model, positions, self.key, NONCE.bind(nonce), self.warping,
+    return call(self.step(len(tokens) - start, K), self.model, positions, self.key, NONCE.bind(nonce), self.warping,
                 *token_variables(tokens[start:]))
-  def warm(self, K:int) -> bool: return all(warm(self.model.jit(propose, w, K=K, **self.static)) for w in (1, 2))
+  def step(self, w:int, K:int):  # a pass over the w unseen tokens, then K - 1 passes of one token
+    return self.model.jit(propose, w, passes=(w, 1) if K > 1 else (w,), K=K, **self.static)
+  def warm(self, K:int) -> bool: return all(warm(self.step(w, K)) for w in (1, 2))
 
 @dataclass(frozen=True)
 class PromptLookup:
@@ -469,12 +470,15 @@ def warm(step) -> bool:
   return _calls.get(step, 0) >= 3
 
 def prepare(drafter:Drafter, verifier:Verifier, K:int|str, token:int, stats:Stats) -> AutoLookahead|None:
-  """Before the prompt: t_target, every step of the run warm, the draft's costs (the seconds in time_warmup); -K auto's
-  estimate."""
+  """Before the prompt: every step of the run warm, the draft's costs, t_target where the target alone runs (the seconds
+  in time_warmup); -K auto's estimate."""
   t0 = time.perf_counter()
-  stats.t_target = time_target_decode(verifier, token)     # first: it warms the one-token step, which warm_up() checks
   lookaheads = LOOKAHEADS if K == "auto" else (K,)
   warm_up(drafter, verifier, lookaheads, token)
+  # the target's one-token step, timed where a run has it: the baseline's, prompt lookup's rounds without a match, an
+  # earlier run of the target alone in this process; a draft model's rounds never run it, and a first run would compile
+  # it only to time it
+  if drafter.model is None or verifier.target in _decode_seconds: stats.t_target = time_target_decode(verifier, token)
   stats.draft_seconds = {k: time_draft_step(drafter, k, token) for k in lookaheads if k}
   stats.time_warmup = time.perf_counter() - t0
   return auto_lookahead(drafter, verifier) if K == "auto" else None
@@ -569,7 +573,7 @@ class Stats:
   accepted: int = 0
   host_syncs: int = 0
   time_total: float = 0.0         # the rounds, from the end of the prefill
-  t_target: float = 0.0           # a round of the target alone (pass and draw), measured in the model's first run
+  t_target: float = 0.0           # a round of the target alone (pass and draw), where it ran (prepare()); else 0
   t_draft: float = 0.0            # a drafted token's cost (draft_seconds), the mean over the rounds' lookaheads
   draft_seconds: dict = field(default_factory=dict)  # K -> a drafted token's seconds in a proposal of K, timed alone
   time_warmup: float = 0.0        # JIT capture and cost measurements, not in time_total
@@ -585,8 +589,9 @@ class Stats:
   r_prime = property(lambda self: self.tokens_per_round / (self.mean_lookahead + 1))                # the seed's r'
   tokens_per_s = property(lambda self: self.new_tokens / self.time_total if self.time_total else 0.0)
   @property
-  def theoretical_speedup(self) -> float:  # r'(K+1) t_target / (t_draft K + t_target), costs from this run
-    if not self.draft or not self.t_target: return 1.0
+  def theoretical_speedup(self) -> float|None:  # r'(K+1) t_target / (t_draft K + t_target); None without t_target
+    if not self.draft: return 1.0
+    if not self.t_target: return None
     K = self.mean_lookahead
     return self.r_prime * (K + 1) * self.t_target / (self.t_draft * K + self.t_target)
   def add_round(self, drafted:int, accepted:int):
@@ -643,11 +648,13 @@ def summary(stats:Stats) -> str:
   drafts = f"{stats.draft_passes} draft passes" if stats.draft == "model" else "prompt lookup, no draft model"
   shown = "" if stats.K != "auto" and stats.draft == "model" else \
     " (rounds by tokens drafted: " + ", ".join(f"{k}: {n}" for k, n in sorted(stats.lookaheads.items())) + ")"
+  costs = (f"t_target {stats.t_target*1e3:.1f} ms (timed alone)\n"
+           f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x"
+           if stats.t_target else "t_target: the target alone did not run (--compare runs it)")
   return s + (f", {drafts}\n"
     f"  K={stats.K}{shown}, {stats.verification} verification: accepted {stats.accepted}/{stats.drafted} drafted "
     f"(alpha {stats.acceptance_rate:.3f}), {stats.tokens_per_round:.2f} tokens/round, r' {stats.r_prime:.3f}\n"
-    f"  t_draft {stats.t_draft*1e3:.1f} ms a drafted token, t_target {stats.t_target*1e3:.1f} ms (timed alone)\n"
-    f"  theoretical speedup r'(K+1)t_target/(K t_draft + t_target) = {stats.theoretical_speedup:.2f}x")
+    f"  t_draft {stats.t_draft*1e3:.1f} ms a drafted token, {costs}")
 
 class ArgumentParser(argparse.ArgumentParser):
   # one line and exit 2, as for all bad input

@@ -135,14 +135,16 @@ class GPT2:
     """A prefill pass: the KV cache filled at tokens' positions, no logits."""
     return self.blocks(tokens, start_pos)[:, -1].contiguous()
 
-  def jit(self, fn, T:int, **static):
+  def jit(self, fn, T:int, passes:tuple[int, ...]=(), **static):
     """fn(model, ...) JIT-compiled for this instance, once per input width T and static arguments (a TinyJit freezes
-    Python values; one on the class would be shared by draft and target)."""
+    Python values; one on the class would be shared by draft and target). passes: the widths of the model's passes in
+    fn where they are not just T (the engine chooses kernels for each before it captures)."""
     key = (fn.__name__, T, *sorted(static.items()))
-    if key not in self.jits: self.jits[key] = self.compile(functools.partial(fn, **static), key)
+    if key not in self.jits: self.jits[key] = self.compile(functools.partial(fn, **static), key, passes or (T,))
     return self.jits[key]
 
-  def compile(self, fn, key:tuple): return TinyJit(fn)   # the engine compiles through its store and kernel choices
+  def compile(self, fn, key:tuple, passes:tuple[int, ...]):   # the engine compiles through its store and choices
+    return TinyJit(fn)
 
   def __call__(self, tokens:Tensor|list[int], start_pos:int) -> Tensor:
     """The JIT-compiled forward of tokens (1, T) or a list: after a width's first calls nothing compiles again."""

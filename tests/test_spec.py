@@ -205,6 +205,33 @@ def test_a_generation_whose_steps_are_warm_runs_no_warm_up_round(tiny_dir, monke
   for generate in generations: generate()
   assert rounds == [], f"warm-up rounds (K) of generations whose steps are warm: {rounds}"
 
+def test_a_steps_kernels_are_chosen_for_the_widths_of_its_passes(tiny_dir, monkeypatch):
+  """The engine chooses kernels for the passes a step runs: the target's verify step of K+1 tokens for K+1 only, the
+  draft's step for its first pass's width and one token (its later passes); the prefill's passes for none."""
+  calls, choose = [], models.engine.choose_kernels
+  monkeypatch.setattr(models.engine, "choose_kernels", lambda model, widths: calls.append((model, sorted(widths))) or
+                      choose(model, widths))
+  target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
+  speculative_generate(target, draft, [5, 6, 7], 2, 8, eos=None)
+  assert [widths for model, widths in calls if model is target] == [[3]]
+  assert sorted(widths for model, widths in calls if model is draft) == [[1], [1, 2]]
+
+def test_t_target_is_timed_where_the_target_alone_runs(tiny_dir):
+  """A draft model's rounds never run the target's one-token step: a speculative run neither compiles it nor reports
+  t_target (0; the theoretical speedup None; the summary says where it comes from). The target alone, prompt lookup's
+  rounds without a match and a run after the target ran alone in the process time it."""
+  target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
+  one_token = lambda: [key for key in target.jits if key[:2] == ("target_verify", 1)]
+  _, stats = speculative_generate(target, draft, [5, 6, 7], 2, 8, eos=None)
+  assert one_token() == [] and stats.t_target == 0 and stats.theoretical_speedup is None
+  assert "t_target: the target alone did not run (--compare runs it)" in spec.summary(stats)
+  _, lookup = speculative_generate(target, PromptLookup(), [17], 2, 8, eos=None)
+  assert one_token() and lookup.t_target > 0
+  _, base = autoregressive_generate(target, [5, 6, 7], 8, eos=None)
+  _, stats = speculative_generate(target, draft, [5, 6, 7], 2, 8, eos=None)
+  assert stats.t_target == base.t_target == lookup.t_target and stats.theoretical_speedup > 0
+  assert "theoretical speedup" in spec.summary(stats)
+
 def test_auto_keeps_one_estimate_per_target_draft_and_choices(tiny_dir):
   """-K auto measures nothing at warm-up: its estimate comes from the rounds, kept per target, draft model (or none) and
   structural choices, so that a later run goes on from it; another draft or temperature starts its own."""
