@@ -256,11 +256,17 @@ def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_di
 
 def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
 
+def lanes_rows_dtypes(T:int) -> set:
+  """The dtypes of the rows (the second buffer) that the lanes kernels of T rows read."""
+  programs = [p for p in to_program_cache.values() if p.arg.name.startswith("lanes") and p.arg.name.split("_")[-3] == str(T)]
+  return {u.dtype for p in programs for u in p.src[0].toposort() if u.op is Ops.PARAM and u.arg.slot == 1}
+
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_lanes_kernel_computes_the_matmul(T):
   """The lanes kernel in each layout is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x
-  8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype."""
+  8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype. The kernel reads its rows in
+  float32: where rows and weights were both half, clang converted and multiplied one element at a time."""
   rng = np.random.default_rng(T)
   for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
     x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
@@ -272,6 +278,7 @@ def test_lanes_kernel_computes_the_matmul(T):
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (layout, out)
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
+  assert lanes_rows_dtypes(T) == {dtypes.float32}
   assert not lanes.fits(98, 32) and not lanes.fits(96, 44) and lanes.fits(96, 40) and not lanes.fits(100, 64)
   assert lanes.fits(98, 32, "row") and not lanes.fits(96, 40, "row")
   assert lanes.fits(36, 16, "four") and not lanes.fits(38, 16, "four") and not lanes.fits(36, 8, "four")
@@ -511,7 +518,7 @@ def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
 def test_norm_kernel_computes_layer_norm(T):
   """Every way of norm.layer_norm() (tinygrad's, the row kernel, and where the device has work-groups the stats kernel
   at each work-group size) computes the port's LayerNorm over each row, for every width a step may run, in the suite's
-  dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel)."""
+  dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel); the row kernel also in float32."""
   rng = np.random.default_rng(T)
   for C in (32, 768):
     x = Tensor((rng.standard_normal((1, T, C)) * 3 + 20).astype(np.float32)).cast(dtype()).realize()
@@ -522,6 +529,8 @@ def test_norm_kernel_computes_layer_norm(T):
       got = norm.layer_norm(x, w, b, 1e-5, way)
       assert got.shape == x.shape and got.dtype == x.dtype
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, way)
+    got = norm.layer_norm(x, w, b, 1e-5, Way("row"), dtypes.float32)   # float32 rows for the lanes kernel
+    assert got.dtype == dtypes.float32 and np.abs(got.numpy() - expected).max() / np.abs(expected).max() < tolerance()
     names = {p.arg.name for p in to_program_cache.values()}
     assert f"norm_{T}_{C}" in names and (f"stats_{T}_{C}" in names) == bool(norm.groups(C))
     assert bool(norm.groups(C)) == Device[Device.DEFAULT].renderer.has_local
@@ -874,11 +883,11 @@ def test_a_candidate_wrong_on_one_kind_of_row_never_wins(monkeypatch, disk, capf
   def apply(x, w, b=None, dtype=None, ln=None, gelu=False, residual=None, way=None):
     if way not in (None, TINYGRAD) and ln is not None: x, ln = planted(wrong, x, ln)
     return right_apply(x, w, b, dtype, ln, gelu, residual, way)
-  def layer_norm(x, w, b, eps, way=None):
+  def layer_norm(x, w, b, eps, way=None, dtype=None):
     if way not in (None, TINYGRAD):
       x, ln = planted(wrong, x, types.SimpleNamespace(weight=w, bias=b, eps=eps))
       eps = ln.eps
-    return right_norm(x, w, b, eps, way)
+    return right_norm(x, w, b, eps, way, dtype)
   monkeypatch.setattr(linear, "apply", apply)
   monkeypatch.setattr(norm, "layer_norm", layer_norm)
   fresh_choices(monkeypatch)

@@ -61,7 +61,8 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   (T, N), (outputs, lanes, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
   kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
-  part = out.custom_kernel(x.reshape(T, C), w, fxn=kernel)[0]
+  # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
+  part = out.custom_kernel(x.reshape(T, C).float(), w, fxn=kernel)[0]
   if gelu:
     y = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
     return y.custom_kernel(part, *([] if b is None else [b]), fxn=gelu_kernel)[0].reshape(*B, N)

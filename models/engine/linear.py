@@ -23,9 +23,12 @@ def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool
   a choice compares what a block runs."""
   if way is None: way = chosen(x, w, b, dtype, ln, gelu, residual)
   if way.kernel == "matvec": return matvec.linear(x, w, b, dtype, way.option, ln, gelu, residual)
-  if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
-  if way.kernel == "lanes": y = lanes.linear(x, w, dtype, way.option, b, gelu)
+  if way.kernel == "lanes":
+    # the lanes kernel reads float32 rows (lanes.linear()): its layer norm writes them
+    if ln is not None: x, dtype = norm.layer_norm(x, ln.weight, ln.bias, ln.eps, dtype=dtypes.float32), dtype or x.dtype
+    y = lanes.linear(x, w, dtype, way.option, b, gelu)
   else:
+    if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
     y = lanes.formula(x, w, dtype)
     if b is not None: y = y + b
     if gelu: y = y.gelu()

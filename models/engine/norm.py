@@ -65,15 +65,16 @@ def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   mean, var = shift(lambda i: rows[:, i:i + 1].float(), C) + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
   return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
 
-def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way:Way|None=None) -> Tensor:
+def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way:Way|None=None, dtype=None) -> Tensor:
   """formula(), in x's dtype: by stats_kernel() (Way("stats", its work-group size)), norm_kernel() (Way("row")) or
-  tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's)."""
+  tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's). dtype: norm_kernel() writes its float32 values
+  in this dtype instead (a consumer that reads float32 skips a rounding and a cast's kernel)."""
   *B, C = x.shape
   T = math.prod(B)
   if way is None: way = CHOSEN.way("norm", (T, C, x.dtype))
   if way == TINYGRAD: return formula(x, w, b, eps)
   if way.kernel == "stats": return grouped(x, w, b, eps, way.option)
-  out = Tensor.empty(T, C, dtype=x.dtype, device=x.device)
+  out = Tensor.empty(T, C, dtype=dtype or x.dtype, device=x.device)
   return out.custom_kernel(x.reshape(T, C), w, b, fxn=functools.partial(norm_kernel, eps=eps))[0].reshape(x.shape)
 
 class LayerNorm:
