@@ -518,7 +518,8 @@ def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
 def test_norm_kernel_computes_layer_norm(T):
   """Every way of norm.layer_norm() (tinygrad's, the row kernel, and where the device has work-groups the stats kernel
   at each work-group size) computes the port's LayerNorm over each row, for every width a step may run, in the suite's
-  dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel); the row kernel also in float32."""
+  dtype, on rows whose mean is far from 0 (a mean taken carelessly would cancel); each also written in float32 (the
+  lanes kernel's rows)."""
   rng = np.random.default_rng(T)
   for C in (32, 768):
     x = Tensor((rng.standard_normal((1, T, C)) * 3 + 20).astype(np.float32)).cast(dtype()).realize()
@@ -526,11 +527,10 @@ def test_norm_kernel_computes_layer_norm(T):
     xs = x.float().numpy().astype(np.float64)
     expected = (xs - xs.mean(-1, keepdims=True)) / np.sqrt(xs.var(-1, keepdims=True) + 1e-5) * w.float().numpy() + b.float().numpy()
     for way in norm.ways(C):
-      got = norm.layer_norm(x, w, b, 1e-5, way)
-      assert got.shape == x.shape and got.dtype == x.dtype
-      assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, way)
-    got = norm.layer_norm(x, w, b, 1e-5, Way("row"), dtypes.float32)   # float32 rows for the lanes kernel
-    assert got.dtype == dtypes.float32 and np.abs(got.numpy() - expected).max() / np.abs(expected).max() < tolerance()
+      for out_dtype in (None, dtypes.float32):
+        got = norm.layer_norm(x, w, b, 1e-5, way, out_dtype)
+        assert got.shape == x.shape and got.dtype == (out_dtype or x.dtype)
+        assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (C, way, out_dtype)
     names = {p.arg.name for p in to_program_cache.values()}
     assert f"norm_{T}_{C}" in names and (f"stats_{T}_{C}" in names) == bool(norm.groups(C))
     assert bool(norm.groups(C)) == Device[Device.DEFAULT].renderer.has_local

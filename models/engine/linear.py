@@ -24,8 +24,9 @@ def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool
   if way is None: way = chosen(x, w, b, dtype, ln, gelu, residual)
   if way.kernel == "matvec": return matvec.linear(x, w, b, dtype, way.option, ln, gelu, residual)
   if way.kernel == "lanes":
+    dtype = dtype or x.dtype
     # the lanes kernel reads float32 rows (lanes.linear()): its layer norm writes them
-    if ln is not None: x, dtype = norm.layer_norm(x, ln.weight, ln.bias, ln.eps, dtype=dtypes.float32), dtype or x.dtype
+    if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps, dtype=dtypes.float32)
     y = lanes.linear(x, w, dtype, way.option, b, gelu)
   else:
     if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)

@@ -16,9 +16,10 @@ from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
 GROUPS, VECTOR = (64, 128, 256), 4   # work-group sizes measured (near these); the elements a load reads
 MEASURED_NORMS = 16   # norms a candidate is timed over: a norm's cost is its launches, not bytes
 
-def formula(x:Tensor, w:Tensor, b:Tensor, eps:float) -> Tensor:
-  """What the kernel replaces: the port's LayerNorm over x's last axis, its statistics in float32 (models/gpt2.py)."""
-  return (x.float().layernorm(eps=eps) * w + b).cast(x.dtype)
+def formula(x:Tensor, w:Tensor, b:Tensor, eps:float, dtype=None) -> Tensor:
+  """What the kernel replaces: the port's LayerNorm over x's last axis, its statistics in float32 (models/gpt2.py), in
+  dtype (default x's)."""
+  return (x.float().layernorm(eps=eps) * w + b).cast(dtype or x.dtype)
 
 def norm_kernel(out:UOp, x:UOp, w:UOp, b:UOp, eps:float) -> UOp:
   """out[t] = (x[t] - mean x[t]) / sqrt(var x[t] + eps) * w + b for each row of x (T, C), float32 inside: a work-item
@@ -54,7 +55,7 @@ def groups(C:int) -> list[int]:
   """Work-group sizes near GROUPS that share a row's vectors evenly; none where the device has no work-groups."""
   return group_sizes(C // VECTOR, GROUPS, 512) if work_groups() and C % VECTOR == 0 else []
 
-def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
+def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int, dtype=None) -> Tensor:
   """formula() from stats_kernel()'s sums: mean = shift + S1 / C, variance = S2 / C - (S1 / C)^2."""
   *B, C = x.shape
   rows = x.reshape(math.prod(B), C)
@@ -63,17 +64,17 @@ def grouped(x:Tensor, w:Tensor, b:Tensor, eps:float, group:int) -> Tensor:
   d_mean = moments[:, :1]   # the mean of x - shift
   # the variance as a difference of float32 sums can round below 0
   mean, var = shift(lambda i: rows[:, i:i + 1].float(), C) + d_mean, (moments[:, 1:] - d_mean * d_mean).maximum(0)
-  return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(x.dtype).reshape(x.shape)
+  return ((rows.float() - mean) * (var + eps).rsqrt() * w.float() + b.float()).cast(dtype or x.dtype).reshape(x.shape)
 
 def layer_norm(x:Tensor, w:Tensor, b:Tensor, eps:float, way:Way|None=None, dtype=None) -> Tensor:
-  """formula(), in x's dtype: by stats_kernel() (Way("stats", its work-group size)), norm_kernel() (Way("row")) or
-  tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's). dtype: norm_kernel() writes its float32 values
-  in this dtype instead (a consumer that reads float32 skips a rounding and a cast's kernel)."""
+  """formula() in dtype (default x's; a consumer that reads float32 skips a rounding): by stats_kernel()
+  (Way("stats", its work-group size)), norm_kernel() (Way("row")) or tinygrad's (TINYGRAD); None: as choose() measured
+  (else tinygrad's)."""
   *B, C = x.shape
   T = math.prod(B)
   if way is None: way = CHOSEN.way("norm", (T, C, x.dtype))
-  if way == TINYGRAD: return formula(x, w, b, eps)
-  if way.kernel == "stats": return grouped(x, w, b, eps, way.option)
+  if way == TINYGRAD: return formula(x, w, b, eps, dtype)
+  if way.kernel == "stats": return grouped(x, w, b, eps, way.option, dtype)
   out = Tensor.empty(T, C, dtype=dtype or x.dtype, device=x.device)
   return out.custom_kernel(x.reshape(T, C), w, b, fxn=functools.partial(norm_kernel, eps=eps))[0].reshape(x.shape)
 
