@@ -39,13 +39,15 @@ class Block:
   def __init__(self, plain): self.ln_1, self.attn, self.ln_2, self.mlp = plain.ln_1, plain.attn, plain.ln_2, plain.mlp
 
   def __call__(self, x:Tensor, start_pos) -> Tensor:
-    attn, mlp = self.attn, self.mlp
-    qkv = linear.apply(x, attn.c_attn.weight, attn.c_attn.bias, ln=self.ln_1)
-    x = linear.apply(attention.apply(attn, qkv, start_pos), attn.c_proj.weight, attn.c_proj.bias, residual=x)
-    h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, ln=self.ln_2, gelu=True)
+    attn, mlp, f32 = self.attn, self.mlp, dtypes.float32
+    # what passes between a layer's kernels stays float32 (half: the weights, the KV cache, the residual stream): a CPU
+    # converts half to float32 a value at a time where both a product's operands are half (docs/engine.md)
+    qkv = linear.apply(x, attn.c_attn.weight, attn.c_attn.bias, f32, ln=self.ln_1)
+    x = linear.apply(attention.apply(attn, qkv, start_pos), attn.c_proj.weight, attn.c_proj.bias, x.dtype, residual=x)
+    h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, f32, ln=self.ln_2, gelu=True)
     # realized, a block at a time (the port's bound on what tinygrad fuses): in a capture every block after the first
     # has the same graph but for its buffers, and tinygrad's schedule cache schedules it once (a step's capture in half)
-    return linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x).realize()
+    return linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, x.dtype, residual=x).realize()
 
 def compile(model_ref, search:int, fn:functools.partial, key:tuple, passes:tuple[int, ...]) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
@@ -64,20 +66,21 @@ def choose_kernels(model:GPT2, widths) -> tuple:
   layers, and the lm_head), attention and the layer norms fastest: the engine's or tinygrad's. Returns the choices."""
   blocks = model.h
   # each linear role in the form a block runs it (engine.Block): its weights, biases and what surrounds it
-  roles = [([b.attn.c_attn for b in blocks], dict(lns=[b.ln_1 for b in blocks])),
-           ([b.attn.c_proj for b in blocks], dict(residual=True)),
-           ([b.mlp.c_fc for b in blocks], dict(lns=[b.ln_2 for b in blocks], gelu=True)),
-           ([b.mlp.c_proj for b in blocks], dict(residual=True))]
+  f32, stream = dtypes.float32, model.dtype   # the residual stream's dtype (and the weights')
+  roles = [([b.attn.c_attn for b in blocks], dict(x_dtype=stream, dtype=f32, lns=[b.ln_1 for b in blocks])),
+           ([b.attn.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True)),
+           ([b.mlp.c_fc for b in blocks], dict(x_dtype=stream, dtype=f32, lns=[b.ln_2 for b in blocks], gelu=True)),
+           ([b.mlp.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True))]
   groups = [([l.weight for l in role], [l.bias for l in role], form) for role, form in roles] + \
-           [([model.wte.weight], None, dict(dtype=dtypes.float32))]   # the lm_head (linear.head())
+           [([model.wte.weight], None, dict(x_dtype=stream, dtype=f32))]   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   # the norms first: a linear layer's choice times the layer norm before it as a block runs it
   norms = [ln for b in blocks for ln in (b.ln_1, b.ln_2)] + [model.ln_f]
   layers = [c for T in sorted(widths) for c in
             [functools.partial(norm.choose, T, norms, model.dtype),
-             *(functools.partial(linear.choose, T, w, b, model.dtype, **form) for w, b, form in groups),
-             functools.partial(attention.choose, T, [b.attn for b in blocks], model.dtype)]]
+             *(functools.partial(linear.choose, T, w, b, **form) for w, b, form in groups),
+             functools.partial(attention.choose, T, [b.attn for b in blocks], f32)]]
   choices = []
   with notice(what, lambda: (len(choices), len(layers))), graph():
     for choose in layers: choices.append(choose())

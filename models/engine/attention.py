@@ -27,26 +27,27 @@ SCORE_GROUP = 64     # positions a work-group of wide_scores_kernel() takes, a t
 MEASURED_LAYERS = 4  # layers a candidate is timed over: attention's cost is its launches and latency, not bytes
 
 def formula(attn:Attention, qkv:Tensor, start_pos:int|UOp) -> Tensor:
-  """What the kernels replace: the block's keys and values into the cache, then softmax(q k^T / sqrt(D) + mask) v."""
-  attn.store(qkv, start_pos)
+  """What the kernels replace: the block's keys and values into the cache (in its dtype), then
+  softmax(q k^T / sqrt(D) + mask) v in qkv's dtype."""
+  attn.store(qkv.cast(attn.cache_kv.dtype), start_pos)
   return Attention.attend(attn, qkv, start_pos)
 
 def scores_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
-  """out[0, h, t, s] = q[t, h] . k[h, s] / sqrt(D) for s <= pos + t, -inf for the block's later positions (causal),
-  float32; qkv (1, T, 3C) is c_attn's output, cache (2, 1, H, P, D). Columns from pos + T on are not written. A
-  work-item per head, position and chunk of rows; the dot product in 4 lanes; the heads in `threads` parts
-  (device.core_splits())."""
-  (_, H, T, _), D = out.shape, cache.shape[-1]
+  """out[0, h, t, s, l] = sum_d q[t, h, 4d + l] k[h, s, 4d + l] / sqrt(D) for s <= pos + t, -inf for the block's later
+  positions (causal), float32: the dot product's 4 lanes, summed outside (a float32 q and the lanes stored as a vector
+  let clang convert a half cache 4 keys at once, docs/engine.md); qkv (1, T, 3C) is c_attn's output, cache
+  (2, 1, H, P, D). Columns from pos + T on are not written. A work-item per head, position and chunk of rows; the heads
+  in `threads` parts (device.core_splits())."""
+  (_, H, T, _, _), D = out.shape, cache.shape[-1]
   chunk = row_chunk(T)
   h, s, tc = UOp.range(H, 0), UOp.range(pos + T, 1), UOp.range(T // chunk, 2)
   ti, lane = UOp.range(chunk, 3, AxisType.UPCAST), UOp.range(4, 5, AxisType.UPCAST)
   d = UOp.range(D // 4, 4, AxisType.REDUCE)
   t, k = tc * chunk + ti, d * 4 + lane
-  products = qkv[0, t, h * D + k].cast(dtypes.float32) * cache[0, 0, h, s, k].cast(dtypes.float32)
-  dot = products.reduce(d, arg=Ops.ADD).reduce(lane, arg=Ops.ADD)
+  dot = (qkv[0, t, h * D + k].cast(dtypes.float32) * cache[0, 0, h, s, k].cast(dtypes.float32)).reduce(d, arg=Ops.ADD)
   score = (s <= pos + t).where(dot * (1 / math.sqrt(D)), -math.inf)
   info = KernelInfo(name=f"scores_{T}_{H}_{D}", opts_to_apply=split_opts(threads))
-  return out[0, h, t, s].store(score).end(h, s, tc, ti).sink(arg=info)
+  return out[0, h, t, s, lane].store(score).end(h, s, tc, ti, lane).sink(arg=info)
 
 def values_kernel(out:UOp, exps:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   """out[0, t, h*D + d] = sum_s exps[0, h, t, s] * v[h, s, d] / sum_s exps[0, h, t, s] over s < pos + T: the softmax's
@@ -118,7 +119,7 @@ def combine_kernel(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) 
   num = (weight(j2) * parts[0, h, t, j2, d]).reduce(j2, arg=Ops.ADD)
   den = (weight(j3) * parts[0, h, t, j3, D + 1]).reduce(j3, arg=Ops.ADD)
   stores = [out[0, t, h * D + d].store((num / den).cast(out.dtype))] + \
-           [cache[i, 0, h, pos + t, d].store(qkv[0, t, (i + 1) * C + h * D + d]) for i in (0, 1)]
+           [cache[i, 0, h, pos + t, d].store(qkv[0, t, (i + 1) * C + h * D + d].cast(cache.dtype)) for i in (0, 1)]
   return UOp.group(*stores).end(h, t, d).sink(arg=KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=()))
 
 def custom(fxn, out:Tensor, *inputs:Tensor, pos:UOp) -> Tensor:
@@ -136,8 +137,9 @@ def kernels(qkv:Tensor, cache:Tensor, start_pos:int|UOp) -> Tensor:
   the scores' maximum and exponentials."""
   (B, T, C3), (_, _, H, P, _) = qkv.shape, cache.shape
   pos, threads = position(start_pos, P, T), core_splits(H, qkv.device)
-  scores = custom(functools.partial(scores_kernel, threads=threads), Tensor.empty(B, H, T, P, device=qkv.device), qkv,
-                  cache, pos=pos)[..., :start_pos + T]
+  lanes = custom(functools.partial(scores_kernel, threads=threads), Tensor.empty(B, H, T, P, 4, device=qkv.device),
+                 qkv, cache, pos=pos)
+  scores = lanes[..., :start_pos + T, :].sum(-1)
   exps = Tensor.empty(B, H, T, P, device=qkv.device)   # another buffer: written in place, tinygrad copied it first
   exps[..., :start_pos + T].assign((scores - scores.max(-1, keepdim=True)).exp())
   out = Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device)
@@ -166,22 +168,22 @@ def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way:Way|None=None) -> T
   """formula(attn, qkv, start_pos) (the cache written, then attention) by the GPU design (Way("chunks", length)), the
   CPU design (Way("rows")) or tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's)."""
   (_, T, _), (_, _, H, P, D) = qkv.shape, attn.cache_kv.shape
-  if way is None: way = CHOSEN.way("attention", (T, H, P, D, qkv.dtype))
+  if way is None: way = CHOSEN.way("attention", (T, H, P, D, attn.cache_kv.dtype, qkv.dtype))
   if way.kernel == "chunks": return chunked(qkv, attn.cache_kv, start_pos, way.option)
   if way == TINYGRAD: return formula(attn, qkv, start_pos)
-  attn.store(qkv, start_pos)
+  attn.store(qkv.cast(attn.cache_kv.dtype), start_pos)
   return kernels(qkv, attn.cache_kv, start_pos)
 
-def choose(T:int, layers:list[Attention], dtype) -> Way:
-  """The way a pass of T rows attends fastest, of those that compute what tinygrad's does, the cache they write
-  included: each captured and timed over some of these layers, on random caches of their own (fresh for each way: the
-  model's stay as they are) and random rows, at a short and a long context (positions P/16 and 3P/4), its outputs at
+def choose(T:int, layers:list[Attention], qkv_dtype) -> Way:
+  """The way a pass of T rows (c_attn's output in qkv_dtype) attends fastest, of those that compute what tinygrad's
+  does, the cache they write included: each captured and timed over some of these layers, on random caches of their own
+  (fresh for each way: the model's stay as they are) and random rows, at a short and a long context (positions P/16 and 3P/4), its outputs at
   each context and the caches after it compared; once per machine; the GPU design's second chunk length only while its
   first is close."""
-  _, _, H, P, D = layers[0].cache_kv.shape
-  key = (T, H, P, D, dtype)
+  (_, _, H, P, D), dtype = layers[0].cache_kv.shape, layers[0].cache_kv.dtype
+  key = (T, H, P, D, dtype, qkv_dtype)
   if CHOSEN.needs("attention", key):
-    qkv = random(1, T, 3 * H * D, dtype=dtype)
+    qkv = random(1, T, 3 * H * D, dtype=qkv_dtype)
     contexts = [UOp.variable("pos", 0, P - T).bind(min(p, P - T)) for p in (P // 16, 3 * P // 4)]
     def run(way):
       shells = [copy.copy(a) for a in layers[:MEASURED_LAYERS]]

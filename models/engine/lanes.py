@@ -20,7 +20,7 @@ LAYOUTS = {"lanes": (8, 4, 2), "four": (4, 4, 4), "row": (1, 8, 2), "wide": (1, 
 
 def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T in dtype (default x's), accumulated in float32."""
-  return x.matmul(w.T, dtype=dtype)
+  return x.matmul(w.T, dtype=dtypes.float32).cast(dtype or x.dtype)
 
 def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UOp:
   """out[t, n, l] = sum_g x[t, g*L + l] * w[n, g*L + l], float32; x (T, C), w (N, C), out (T, N, L), L partial sums

@@ -85,6 +85,8 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     def run(way): return captured(outputs(way), [(x,)] + [(o,) for o in other], before=evict)
     candidates = [w for w in ways(T, N, C) if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
     costs = {}
+    # the tolerance of the least precise of the rows, the weights and the output
+    coarsest = min((x_dtype, weights[0].dtype, dtype or x_dtype), key=lambda d: d.itemsize)
     # what runs before (the layer norm, as chosen) is part of the cost
     ln_way = CHOSEN.way("norm", (T, C, x_dtype)) if lns[0] is not None else None
     what = (key, ln_way, choice.sources(__name__))
@@ -96,7 +98,7 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
                                if w.kernel != "matvec" or w is first])
     CHOSEN.measured["linear"][key] = fastest("spec_linear", what,
                                              {w: functools.partial(run, w) for w in candidates},
-                                             f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", x_dtype,
+                                             f"linear kernel ({T} rows x ({N}, {C}){key[-1]})", coarsest,
                                              family=lambda w: w.kernel if w.kernel == "matvec" else None, costs=costs,
                                              length=C)
     if costs and first is not None and costs.get(first, math.inf) > PRUNE * min(costs.values()):
