@@ -555,33 +555,38 @@ def test_norm_choose_measures_every_way(monkeypatch, disk):
   assert norm.choose(5, norms, dtypes.float32) == Way("stats", 32) and len(timed) == 4, "measured again"
 
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
-  """--dtype auto asks a measurement, not the device's name: half where a half matrix-vector product is clearly faster
-  (timed once per machine, then read from tinygrad's disk cache), float32 where it is not or the device has no half;
-  with plain=True nothing is measured and auto is float32."""
+  """--dtype auto asks a measurement, not the device's name: half where a row times half weights by the engine's
+  fastest way is clearly faster (timed once per machine, then read from tinygrad's disk cache), float32 where it is not
+  or the device has no half; with plain=True nothing is measured and auto is float32."""
   timed = []
   renderer = Device[Device.DEFAULT].renderer
   monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32, dtypes.half])
-  class Fake:   # what half_pays() builds, without kernels for a half the device may not have
-    def __init__(self, dtype=dtypes.float32): self.dtype = dtype
-    @staticmethod
-    def ones(*shape, dtype=dtypes.float32): return Fake(dtype)
-    def cast(self, dtype): return Fake(dtype)
-    def contiguous(self): return self
-    def realize(self): return self
-  monkeypatch.setattr(choice, "Tensor", Fake)
-  def seconds(cost): return lambda fn, calls: (timed.append(calls[0][0].dtype) or cost[calls[0][0].dtype], [])
-  monkeypatch.setattr(choice, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 2.0}))
+  def costs(cost): return lambda dtype: timed.append(dtype) or cost[dtype]
+  monkeypatch.setattr(linear, "half_cost", costs({dtypes.half: 1.0, dtypes.float32: 2.0}))
   assert models.resolve_dtype("auto", plain=True) == dtypes.float32 and timed == []
   assert models.resolve_dtype("auto") == dtypes.half and timed == [dtypes.half, dtypes.float32]
   assert models.resolve_dtype("auto") == dtypes.half and len(timed) == 2, "measured again"
   assert models.resolve_dtype("float32") == dtypes.float32 and len(timed) == 2
   disk.clear()
-  monkeypatch.setattr(choice, "captured", seconds({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
+  monkeypatch.setattr(linear, "half_cost", costs({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
   assert models.resolve_dtype("auto") == dtypes.float32
   disk.clear()
   monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32])
-  monkeypatch.setattr(choice, "captured", lambda *a: pytest.fail("measured a dtype the device does not have"))
+  monkeypatch.setattr(linear, "half_cost", lambda dtype: pytest.fail("measured a dtype the device does not have"))
   assert models.resolve_dtype("auto") == dtypes.float32
+
+@pytest.mark.backend
+def test_half_cost_times_the_engines_way(monkeypatch):
+  """half_cost() times a row by the weights through the way choose() measured for them in that dtype, on this
+  device."""
+  monkeypatch.setattr(linear, "HALF_SHAPE", (64, 32))
+  fresh_choices(monkeypatch)
+  ways, apply = [], linear.apply
+  monkeypatch.setattr(linear, "apply", lambda *args, way=None, **kw: ways.append(way) or apply(*args, way=way, **kw))
+  for dt in (dtypes.float32, getattr(dtypes, dtype())):
+    assert linear.half_cost(dt) > 0
+    chosen = CHOSEN.measured["linear"][(1, 64, 32, dt, dt, False, linear.Form(False, False, False, dt))]
+    assert ways[-linear.HALF_LAYERS:] == [chosen] * linear.HALF_LAYERS, "not timed through the way chosen"
 
 @pytest.mark.backend
 @pytest.mark.quick
@@ -630,7 +635,7 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   measured = CHOSEN.measured
   assert {(T, N, C) for T, N, C, *_ in measured["linear"]} == \
     {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
-  assert set(measured["attention"]) == {(1, 2, 256, 16, searched.dtype)}
+  assert set(measured["attention"]) == {(1, 2, 256, 16, searched.dtype, dtypes.float32)}
   assert set(measured["norm"]) == {(1, 32, searched.dtype)}
   unsearched.prefill(seq[:-1])
   beams.clear()

@@ -17,7 +17,8 @@ import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
 from models.engine import attention, internals, linear, native, norm, replay, store
-from models.engine.choice import CHOSEN, TINYGRAD, Way, half_pays
+from models.engine.choice import CHOSEN, TINYGRAD, Way
+from models.engine.linear import half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
 SHORTCUTS = 4     # a step's inputs it keeps a shortcut for (replay.Shortcut)

@@ -204,20 +204,3 @@ def activations(T:int, C:int, dtype=dtypes.float32, seed:int=0) -> list[Tensor]:
   if T > 1: ordinary[T // 2] = massive[T // 2]
   for x in (massive, ordinary): x[1::3] += 20
   return [Tensor(x.astype(np.float32)).cast(dtype).realize() for x in (massive, ordinary)]
-
-# ***** the dtype *****
-
-def half_pays() -> bool:
-  """Whether this device multiplies a row by half weights clearly faster (1.25x) than by float32 ones, as tinygrad's
-  matmul: where half is native (a GPU) it reads half the bytes; where tinygrad converts every half value (its CPU
-  backend) or emulates half (pocl) it does not. 8 weights of 1024 x 4096 timed in turn; once per machine."""
-  if not internals.has_half(): return False
-  disk = machine_key()
-  if (pays := cached("spec_half", disk)) is None:
-    weights = [Tensor.ones(1024, 4096).contiguous().realize() for _ in range(8)]
-    def cost(dtype) -> float:
-      x = Tensor.ones(1, 4096, dtype=dtype).contiguous().realize()
-      ws = [w.cast(dtype).contiguous().realize() for w in weights]
-      return captured(lambda x: [x.matmul(w.T) for w in ws], [(x,)])[0]
-    pays = first_stored("spec_half", disk, cost(dtypes.half) * 1.25 < cost(dtypes.float32))
-  return pays
