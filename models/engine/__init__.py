@@ -16,9 +16,8 @@ from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
-from models.engine import attention, internals, linear, native, norm, replay, store
+from models.engine import attention, choice, internals, linear, native, norm, replay, store
 from models.engine.choice import CHOSEN, TINYGRAD, Way
-from models.engine.linear import half_pays
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
 SHORTCUTS = 4     # a step's inputs it keeps a shortcut for (replay.Shortcut)
@@ -119,6 +118,18 @@ class Step:
       # a later call on these inputs skips TinyJit's call; a few kept (a verify step's block: either draft width)
       if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts][:SHORTCUTS]
     return ret
+
+def half_pays() -> bool:
+  """Whether this device multiplies a row by half weights clearly faster (1.25x) than by float32 ones, each by the
+  engine's fastest way run as a step runs (linear.half_cost(), graph()): a GPU reads half the bytes, a CPU's lanes
+  kernel converts four values at a time (x86's F16C); where half is emulated (pocl) it does not pay. Once per machine
+  (tinygrad's disk cache)."""
+  if not internals.has_half(): return False
+  disk = choice.machine_key(choice.sources(linear.__name__))
+  if (pays := choice.cached("spec_half", disk)) is None:
+    with graph(): faster = linear.half_cost(dtypes.half) * 1.25 < linear.half_cost(dtypes.float32)
+    pays = choice.first_stored("spec_half", disk, faster)
+  return pays
 
 def graph():
   """The engine's graph for tinygrad's default device meanwhile, where tinygrad has none: native.py's where it fits,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import functools, math
 from typing import NamedTuple
 from tinygrad import Tensor, dtypes
-from models.engine import choice, internals, lanes, matvec, norm
+from models.engine import choice, lanes, matvec, norm
 from models.engine.choice import CHOSEN, PRUNE, TINYGRAD, Way, captured, enough, fastest
 
-HALF_SHAPE, HALF_LAYERS = (4096, 1024), 8   # the weights half_pays() times a row by
+HALF_SHAPE, HALF_LAYERS = (4096, 1024), 8   # the weights half_cost() times a row by
 
 # the widths (T, x dtype) where the matvec kernel lost clearly to a role (its first option over PRUNE x the fastest):
 # the process times it on no other role of that width (a CPU's OpenCL, where it loses every time, compiles it once)
@@ -116,16 +116,6 @@ def head(x:Tensor, w:Tensor) -> Tensor:
   """The lm_head: x @ w.T, float32 logits."""
   return apply(x, w, dtype=dtypes.float32)
 
-
-def half_pays() -> bool:
-  """Whether this device multiplies a row by half weights clearly faster (1.25x) than by float32 ones, each by its
-  fastest way (choose()): a GPU reads half the bytes, a CPU's lanes kernel converts four at a time (x86's F16C); where
-  half is emulated (pocl) it does not pay. Once per machine (tinygrad's disk cache)."""
-  if not internals.has_half(): return False
-  disk = choice.machine_key(choice.sources(__name__))
-  if (pays := choice.cached("spec_half", disk)) is None:
-    pays = choice.first_stored("spec_half", disk, half_cost(dtypes.half) * 1.25 < half_cost(dtypes.float32))
-  return pays
 
 def half_cost(dtype) -> float:
   """Seconds of a row times HALF_LAYERS weights of HALF_SHAPE in dtype by choose()'s way, in turn, caches flushed."""
