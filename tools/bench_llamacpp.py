@@ -17,7 +17,9 @@ llama-speculative's (the draft, at most 2 and 4 drafted tokens: --spec-draft-n-m
 other settings its defaults), spec's target alone and spec's speculative sampling with default flags in float32 and
 float16 (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
 The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after. The first prompt's greedy
-text is compared, a check of the conversion: the same weights and tokenizer, the same text.
+text is compared, a check of the conversion: the same weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
+checkpoint's one-token decode: llama-bench's in F32 and F16, spec's in float32 and float16 against the memory floor
+(about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random one where none is at hand).
 """
 import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -27,6 +29,7 @@ if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED
 import numpy as np
 from tinygrad.nn.state import safe_load
 import models, spec
+import benchmark
 from benchmark import PROMPTS, bandwidth
 
 BLOCK = (("ln_1", "attn_norm"), ("attn.c_attn", "attn_qkv"), ("attn.c_proj", "attn_output"), ("ln_2", "ffn_norm"),
@@ -111,6 +114,8 @@ def main():
   ap.add_argument("-n", type=int, default=128, help="new tokens a prompt")
   ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the benchmark's prompts")
   ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (spec: its own, every core)")
+  ap.add_argument("--xl", type=pathlib.Path, help="also this gpt2-xl checkpoint directory (config.json + "
+                  "model.safetensors): llama-bench's decoding in F32 and F16 beside spec's decode in float32 and float16")
   args = ap.parse_args()
   sys.path.insert(0, str(args.llama_cpp / "gguf-py"))
   import gguf
@@ -162,6 +167,26 @@ def main():
   for name, (ms, n) in totals.items(): print(f"| {name} | {ms / n:.2f} |")
   same = first.strip()[:60] in text
   print(f"\nthe first prompt's greedy text (32 tokens, spec's target alone) {'is' if same else 'is NOT'} llama.cpp's")
+  if args.xl: print("\n" + "\n".join(xl_decodes(gguf, bin_, args.xl, vocab, args.threads)))
+
+def xl_decodes(gguf, bin_:pathlib.Path, checkpoint:pathlib.Path, vocab, threads:int) -> list[str]:
+  """Table rows: a large checkpoint's one-token decode by llama-bench (tg 32 after none) in F32 and F16, then by spec's
+  step in float32 and float16 timed side by side with numpy's BLAS matrix-vector product (the memory floor's rate),
+  each against its weights' bytes at that rate."""
+  with tempfile.TemporaryDirectory() as tmp:
+    f32 = to_gguf(gguf, checkpoint, pathlib.Path(tmp) / "xl.gguf", vocab)
+    f16 = pathlib.Path(tmp) / "xl-f16.gguf"
+    run([tool(bin_, "llama-quantize"), f32, f16, "F16"])
+    bench = {f: json.loads(run([tool(bin_, "llama-bench"), "-m", m, "-p", 0, "-n", 32, "-t", threads, "-r", 3,
+                                "-o", "json"]))[0] for f, m in (("F32", f32), ("F16", f16))}
+  decodes = benchmark.decodes_and_floor({dt: models.load(str(checkpoint), dt) for dt in ("float32", "float16")})
+  seconds, nbytes = decodes.pop("numpy BLAS matvec")
+  rate = nbytes / seconds
+  rows = [f"{checkpoint.name}'s decode, numpy's BLAS matvec {rate / 1e9:.1f} GB/s:\n", "| run | ms a token | floor |",
+          "|---|---|---|"]
+  rows += [f"| llama.cpp, llama-bench decoding, {f} | {1e3 / b['avg_ts']:.2f} | |" for f, b in bench.items()]
+  rows += [f"| spec's decode, {dt} | {t * 1e3:.2f} | {t / (b / rate):.2f}x |" for dt, (t, b) in decodes.items()]
+  return rows
 
 if __name__ == "__main__":
   main()
