@@ -700,7 +700,7 @@ def parse_args(argv=None):
                   "p)")
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations "
                   "and KV cache (logits and sampling are float32); auto: float16 where a pass in half measures clearly "
-                  "faster on the device (GPUs: half the bytes; timed once per machine), else float32")
+                  "faster on the device (GPUs, a CPU with F16C: half the bytes; timed once per machine), else float32")
   ap.add_argument("--plain", action="store_true", help="the GPT-2 port alone, on tinygrad's own kernels and executor: "
                   "no engine (custom kernels, measured choices, stored steps); --dtype auto is float32 there")
   ap.add_argument("--search", type=int, default=0, metavar="N", help="the engine also searches the draft's and "

@@ -12,8 +12,8 @@ from models.gpt2 import GPT2, GPT2Config, CONFIGS, EOT, CheckpointError, vocab_w
 DTYPES = {"float32": dtypes.float32, "float16": dtypes.float16}
 
 def resolve_dtype(name:str, plain:bool=False) -> DType:
-  """"auto" is float16 where the engine measures a pass in half clearly faster than in float32 (a GPU reads half the
-  bytes), else float32; with plain=True nothing is measured, and auto is float32."""
+  """"auto" is float16 where the engine measures its kernels in half clearly faster than in float32 (engine.half_pays():
+  a GPU, a CPU with F16C), else float32; with plain=True nothing is measured, and auto is float32."""
   if name == "auto": name = "float16" if not plain and engine.half_pays() else "float32"
   if name not in DTYPES: raise ValueError(f"dtype must be auto, {' or '.join(DTYPES)}, got {name!r}")
   return DTYPES[name]

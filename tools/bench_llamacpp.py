@@ -115,7 +115,7 @@ def main():
   ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the benchmark's prompts")
   ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (spec: its own, every core)")
   ap.add_argument("--xl", type=pathlib.Path, help="also this gpt2-xl checkpoint directory (config.json + "
-                  "model.safetensors): llama-bench's decoding in F32 and F16 beside spec's decode in float32 and float16")
+                  "model.safetensors): llama-bench's decoding in F32 and F16 beside spec's decode in both dtypes")
   args = ap.parse_args()
   sys.path.insert(0, str(args.llama_cpp / "gguf-py"))
   import gguf

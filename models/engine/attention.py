@@ -177,9 +177,9 @@ def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way:Way|None=None) -> T
 def choose(T:int, layers:list[Attention], qkv_dtype) -> Way:
   """The way a pass of T rows (c_attn's output in qkv_dtype) attends fastest, of those that compute what tinygrad's
   does, the cache they write included: each captured and timed over some of these layers, on random caches of their own
-  (fresh for each way: the model's stay as they are) and random rows, at a short and a long context (positions P/16 and 3P/4), its outputs at
-  each context and the caches after it compared; once per machine; the GPU design's second chunk length only while its
-  first is close."""
+  (fresh for each way: the model's stay as they are) and random rows, at a short and a long context (positions P/16
+  and 3P/4), its outputs at each context and the caches after it compared; once per machine; the GPU design's second
+  chunk length only while its first is close."""
   (_, _, H, P, D), dtype = layers[0].cache_kv.shape, layers[0].cache_kv.dtype
   key = (T, H, P, D, dtype, qkv_dtype)
   if CHOSEN.needs("attention", key):
