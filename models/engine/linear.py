@@ -116,7 +116,6 @@ def head(x:Tensor, w:Tensor) -> Tensor:
   """The lm_head: x @ w.T, float32 logits."""
   return apply(x, w, dtype=dtypes.float32)
 
-
 def half_cost(dtype) -> float:
   """Seconds of a row times HALF_LAYERS weights of HALF_SHAPE in dtype by choose()'s way, in turn, caches flushed."""
   (N, C), evict = HALF_SHAPE, choice.evictor()
