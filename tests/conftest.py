@@ -17,6 +17,9 @@ if (SHARED / "tiktoken").is_dir(): os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED
 if "PYTEST_XDIST_WORKER" not in os.environ:
   os.environ["SPEC_STEP_CACHE"] = tempfile.mkdtemp(prefix="spec-steps-")
   atexit.register(shutil.rmtree, os.environ["SPEC_STEP_CACHE"], ignore_errors=True)
+  # measured choices too: the workers' timings share the cores, and a user's later runs would keep the kernels that won
+  # there (docs/engine.md)
+  os.environ["SPEC_CHOICES"] = os.path.join(os.environ["SPEC_STEP_CACHE"], "choices.db")
   # pocl's kernel cache, one a worker: workers building the same kernel at once in one cache made a program binary
   # without its kernels' metadata, and loading it aborted a worker (pocl 3.1's assertion `len > 0`, docs/tests.md)
   os.environ["POCL_CACHE_DIR"] = tempfile.mkdtemp(prefix="spec-pocl-")

@@ -91,7 +91,7 @@ def environment(scratch:pathlib.Path, pair) -> dict[str, str]:
   and tinygrad's bounds proofs off (they need z3, which a borrowed machine may lack; CI proves bounds on the CPU)."""
   tiktoken = tokenizer_dir(pair, os.environ.get("TIKTOKEN_CACHE_DIR"), scratch)
   return {**os.environ, "CACHEDB": str(scratch / "cache.db"), "SPEC_STEP_CACHE": str(scratch / "steps"),
-          "CHECK_OOB": "0", "POCL_EXTRA_BUILD_FLAGS": os.environ.get("POCL_EXTRA_BUILD_FLAGS", "-w"),
+          "SPEC_CHOICES": str(scratch / "choices.db"), "CHECK_OOB": "0", "POCL_EXTRA_BUILD_FLAGS": os.environ.get("POCL_EXTRA_BUILD_FLAGS", "-w"),
           "PYTHONUNBUFFERED": "1", **({"TIKTOKEN_CACHE_DIR": tiktoken} if tiktoken else {})}
 
 def replace(path:pathlib.Path, text:str) -> None:
@@ -308,10 +308,13 @@ def recording(fastest, log:list):
     timed, t0 = {}, time.perf_counter()
     def timing(key, fn):
       def run():
-        try: seconds, outputs = fn()
+        try: seconds, outputs, again = fn()
         except Exception as e: timed[repr(key)] = f"failed: {type(e).__name__}"; raise
         timed[repr(key)] = seconds
-        return seconds, outputs
+        def retimed():   # the fastest of its timings
+          timed[repr(key)] = min(timed[repr(key)], seconds := again())
+          return seconds
+        return seconds, outputs, retimed
       return run
     chosen = fastest(kind, what, {k: timing(k, fn) for k, fn in candidates.items()}, name, dtype, *args, **kw)
     log.append(dict(name=name, chosen=repr(chosen), candidates=timed, wall_s=time.perf_counter() - t0))
@@ -484,7 +487,8 @@ def cold_stage(st:Stage) -> None:
   """spec.py's first run from empty caches: the seconds to its first token, waited for up to the stage's limit (at least
   COLD_WAIT: the parent runs the stage only with that much left); the run ended here whatever happens."""
   with tempfile.TemporaryDirectory() as d:
-    env = {**os.environ, "CACHEDB": os.path.join(d, "cache.db"), "SPEC_STEP_CACHE": os.path.join(d, "steps")}
+    env = {**os.environ, "CACHEDB": os.path.join(d, "cache.db"), "SPEC_STEP_CACHE": os.path.join(d, "steps"),
+           "SPEC_CHOICES": os.path.join(d, "choices.db")}
     if st.tiny: target, draft = tiny_pair(pathlib.Path(d))
     else: target, draft = "gpt2-xl", "gpt2"
     cmd = [sys.executable, str(ROOT / "spec.py"), "--target", str(target), "--draft", str(draft), "-K", "2", "-n", "16",
@@ -786,7 +790,8 @@ def main() -> int:
            str(os.getpid()), "--limit", str(limit)] + (["--tiny"] if args.tiny else []) + \
           (["--pair", *args.pair] if args.pair else [])
     # the choice step from an empty cache of its own: a first run's cost, whatever the stages before it chose
-    stage_env = {**env, "CACHEDB": str(scratch / "choice.db")} if name == "choice" else env
+    stage_env = {**env, "CACHEDB": str(scratch / "choice.db"), "SPEC_CHOICES": str(scratch / "choices-first.db")} \
+      if name == "choice" else env
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=stage_env, start_new_session=True)
     try: code = proc.wait(timeout=limit)

@@ -141,8 +141,8 @@ def model_clock(weights:set):
     with Context(BEAM=0):
       for _ in range(2): step(*calls[0])
     bound = lambda args: {v.expr: value for v, value in (a.unbind() for a in args if isinstance(a, UOp))}
-    return sum(predicted_seconds(step.captured.linear, weights, bound(args)) for args in calls[:timed]), \
-      [out for args in calls for out in [t.numpy() for t in step(*args)] + after()]
+    seconds = sum(predicted_seconds(step.captured.linear, weights, bound(args)) for args in calls[:timed])
+    return seconds, [out for args in calls for out in [t.numpy() for t in step(*args)] + after()], lambda: seconds
   # over one layer: the model predicts the same for every layer of a shape, and capturing 48 took minutes
   one_layer = lambda model, widths: choose(types.SimpleNamespace(**{**vars(model), "h": model.h[:1]}), widths)
   choice.cached, choice.first_stored = lambda *a: None, lambda t, k, v: v

@@ -7,7 +7,7 @@ own kernels compute, asked once and kept in tinygrad's disk cache.
   activations()... what candidates are timed and compared on
 """
 from __future__ import annotations
-import contextlib, hashlib, importlib.metadata, inspect, math, sys
+import contextlib, hashlib, importlib.metadata, inspect, math, os, pickle, sqlite3, sys
 from typing import NamedTuple
 import numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
@@ -44,12 +44,16 @@ CHOSEN = Choices()
 # ***** the mechanism *****
 
 PRUNE = 1.5   # a kernel's later options are measured only while its first is within this of the fastest so far
+# timings of each candidate after the first, taken in turn: a burst of other work on the machine during one candidate's
+# timing does not choose (docs/engine.md)
+ROUNDS = 2
 
 def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None, costs:dict|None=None,
             length:int=1):
   """The key of the fastest candidate whose outputs agree with the first's (the reference, tinygrad's own kernels),
-  asked once per machine: cached in tinygrad's disk cache under kind by machine_key(*what) (what holds the candidates'
-  code: sources()). A candidate is a function that runs and returns (seconds, outputs). One that fails to compile or
+  asked once per machine: kept under kind by machine_key(*what) (what holds the candidates' code: sources()). A
+  candidate is a function that runs and returns (seconds, outputs, again), again() timing it once more: every candidate
+  that agrees is timed ROUNDS more times, in turn after all ran, and keeps its fastest. One that fails to compile or
   run, or whose outputs differ by more than tolerance(dtype, length) (the reduction's length), drops out with one line
   on stderr naming it (name and its key) and why, and then nothing is cached: the next process measures again.
   Candidates of one family (family(key), not None) after its first are measured only while the first is within PRUNE
@@ -57,12 +61,12 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
   candidate's seconds (those that ran and agreed)."""
   disk = machine_key(*what)
   if (ret := cached(kind, disk)) is not None: return ret[0]
-  reference, expected, failed, firsts = next(iter(candidates)), None, False, {}
+  reference, expected, failed, firsts, again = next(iter(candidates)), None, False, {}, {}
   costs = {} if costs is None else costs
   def pruned(f) -> bool: return f in firsts and costs.get(firsts[f], math.inf) > PRUNE * min(costs.values(), default=0)
   for key, fn in candidates.items():
     if (f := family(key)) is not None and pruned(f): continue
-    try: seconds, outputs = fn()
+    try: seconds, outputs, again[key] = fn()
     except Exception as e:
       say(f"the {name} {key} cannot run on {Device.DEFAULT} ({why(e)})")
       failed = True
@@ -76,6 +80,8 @@ def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambd
       failed = True
       continue
     costs[key] = seconds
+  for _ in range(ROUNDS):
+    for key in costs: costs[key] = min(costs[key], again[key]())
   best = min(costs, key=costs.get) if costs else reference
   return best if failed else first_stored(kind, disk, (best,))[0]
 
@@ -89,15 +95,45 @@ def compile_together(outputs:list) -> None:
     with contextlib.suppress(Exception): tensors += fn()
   with contextlib.suppress(Exception), Context(BEAM=0): Tensor.realize(*tensors)
 
+def path() -> str|None:
+  """Where measured choices are kept: SPEC_CHOICES (empty: nowhere, each process measures), by default beside
+  tinygrad's disk cache; nowhere with CACHELEVEL=0. Its own file, not tinygrad's: the test suite, whose measurements
+  share the cores among its workers, keeps its own (tests/conftest.py), and removing it measures everything again."""
+  where = os.environ.get("SPEC_CHOICES", os.path.join(internals.cache_folder(), "spec-choices.db"))
+  return where if where and internals.caching() else None
+
+@contextlib.contextmanager
+def database(where:str):
+  """An SQLite connection to the choices at where, its table made, closed after."""
+  os.makedirs(os.path.dirname(os.path.abspath(where)), exist_ok=True)
+  db = sqlite3.connect(where, timeout=60, isolation_level=None)   # transactions begun and ended here
+  try:
+    db.execute("CREATE TABLE IF NOT EXISTS choices (kind TEXT, key TEXT, value BLOB, PRIMARY KEY (kind, key))")
+    yield db
+  finally: db.close()
+
+def read(db, kind:str, key:str):
+  row = db.execute("SELECT value FROM choices WHERE kind = ? AND key = ?", (kind, key)).fetchone()
+  return None if row is None else pickle.loads(row[0])
+
 def cached(kind:str, key:str):
-  """What tinygrad's disk cache holds under kind and key: a choice another process made on this machine, or None."""
-  return internals.cache_get(kind, key)
+  """The choice kept under kind and key: one another process made on this machine, or None."""
+  if (where := path()) is None: return None
+  with database(where) as db: return read(db, kind, key)
 
 def first_stored(kind:str, key:str, value):
-  """value put in tinygrad's disk cache under kind and key unless a value is there already, and whichever is there
-  then, so that processes that measured the same at once all keep the first one stored, and choose, and name their
-  steps (store.step_name()), alike."""
-  return internals.cache_put_first(kind, key, value) if internals.caching() else value
+  """value kept under kind and key unless a value is there already, and whichever is there then (read and written
+  under the database's write lock), so that processes that measured the same at once all keep the first one stored,
+  and choose, and name their steps (store.step_name()), alike."""
+  if (where := path()) is None: return value
+  with database(where) as db:
+    db.execute("BEGIN IMMEDIATE")
+    if (stored := read(db, kind, key)) is not None:
+      db.execute("ROLLBACK")
+      return stored
+    db.execute("INSERT INTO choices VALUES (?, ?, ?)", (kind, key, pickle.dumps(value)))
+    db.execute("COMMIT")
+    return value
 
 def machine_key(*what) -> str:
   """A disk-cache key for a measurement on this machine: tinygrad's version, the device, its compiler target, and
@@ -145,16 +181,16 @@ def sources(*modules:str) -> str:
       if isinstance(dep, str) and dep.split(".")[0] == "models": todo.append(dep)
   return "".join(seen[name] for name in sorted(seen))
 
-def captured(fn, calls:list[tuple], timed:int=1, before=None, after=list) -> tuple[float, list[np.ndarray]]:
+def captured(fn, calls:list[tuple], timed:int=1, before=None, after=list):
   """fn (a list of Tensors, each realized apart: a layer's graph is scheduled once, its copies found in tinygrad's
   schedule cache) captured by a TinyJit on tinygrad's default kernels, on the first tuple of arguments in calls; its
-  calls on the first `timed` timed (best of 3, each after before() where given) and summed; and the outputs of a call on
-  each, then after()'s (what the call left behind)."""
+  calls on the first `timed` timed (best of 3, each after before() where given) and summed; the outputs of a call on
+  each, then after()'s (what the call left behind); and a function that times it again."""
   step = TinyJit(lambda *args: [t.realize() for t in fn(*args)])
   internals.capture_next(step)
   with Context(BEAM=0): step(*calls[0])
-  seconds = sum(best_seconds(lambda: step(*args), before=before) for args in calls[:timed])
-  return seconds, [out for args in calls for out in [t.numpy() for t in step(*args)] + after()]
+  def seconds() -> float: return sum(best_seconds(lambda: step(*args), before=before) for args in calls[:timed])
+  return seconds(), [out for args in calls for out in [t.numpy() for t in step(*args)] + after()], seconds
 
 # ***** what candidates are timed and compared on *****
 

@@ -11,9 +11,8 @@ from tinygrad import UOp, Device, Context, dtypes
 # OptOps) and the operations its UOps reduce by (Ops)
 from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
-# the disk cache the measured choices live in, beside tinygrad's own entries (its folder holds the stored steps too)
-from tinygrad.helpers import BEAM, CACHEDB, CACHELEVEL, JIT, NUM_CPU_THREADS, ContextVar, db_connection, \
-  diskcache_get, diskcache_put
+# tinygrad's disk cache: its folder holds the measured choices and the stored steps too, CACHELEVEL=0 keeps none
+from tinygrad.helpers import BEAM, CACHEDB, CACHELEVEL, JIT, NUM_CPU_THREADS, ContextVar
 # the settings that shape a compiled program: a stored step's name holds them
 from tinygrad.codegen import to_program_context
 # a model's weights and KV cache by name: what a stored step refers to them by
@@ -23,9 +22,9 @@ from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
 from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
 
 __all__ = ["AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
-           "cache_get", "cache_put_first", "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict",
-           "graph_runner", "has_half", "inputs_of", "program_settings", "renumbered", "returned", "runs_c_functions",
-           "target", "threads_in_kernels", "work_groups", "writes_any"]
+           "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner", "has_half",
+           "inputs_of", "program_settings", "renumbered", "returned", "runs_c_functions", "target", "threads_in_kernels",
+           "work_groups", "writes_any"]
 
 # ***** the device *****
 
@@ -67,22 +66,6 @@ def address(handle) -> int: return handle.va_addr   # a CPU buffer's address, as
 
 def caching() -> bool: return CACHELEVEL.value >= 1
 def cache_folder() -> str: return os.path.dirname(CACHEDB)
-def cache_get(kind:str, key:str): return diskcache_get(kind, key)
-
-def cache_put_first(kind:str, key:str, value):
-  """value put in tinygrad's disk cache under kind and key unless a value is there already, and whichever is there
-  then: read and written under the cache's write lock (an SQLite database), so that processes that measured the same at
-  once keep the first one stored (tinygrad's put replaces)."""
-  db = db_connection()
-  db.execute("BEGIN IMMEDIATE")   # the write lock, held until diskcache_put commits
-  try:
-    if (stored := diskcache_get(kind, key)) is not None:
-      db.rollback()
-      return stored
-    return diskcache_put(kind, key, value)
-  except BaseException:
-    db.rollback()
-    raise
 
 def program_settings() -> list[tuple[str, str]]:
   """The settings that shape compiled programs (tinygrad's list, BEAM and JIT) and any set in the environment, not
