@@ -67,7 +67,8 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     # (the target's cache rolls back by position, as the draft's). Nothing waits in between: Python enqueues the
     # verify step while the draft's last step runs.
     drafted = block.shape[1] - 1                                         # drafted < k: prompt lookup found less
-    outcome = Round.read(verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1), drafted, stats)
+    packed = verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1)
+    outcome = Round.read(verifier.target.read(packed), drafted, stats)
     events = outcome.events()
     if auto: auto.update(k, len(events), time.perf_counter() - t0, drafted)
     stats.add_round(drafted, len(events) - 1)
@@ -92,9 +93,9 @@ class Round:
     head = Tensor.stack(*[x.float() for x in (kept, token, q_token, p_token)])
     return head.cat(*[x.float() for x in (drafted, q, p)]).realize()
   @classmethod
-  def read(cls, packed:Tensor, K:int, stats:Stats) -> Round:
+  def read(cls, v:list[float], K:int, stats:Stats) -> Round:
+    """The round from packed()'s fields as the host read them."""
     stats.host_syncs += 1
-    v = packed.tolist()   # the round's one host read
     return cls(int(v[0]), int(v[1]), v[2], v[3], [int(x) for x in v[4:4+K]], v[4+K:4+2*K], v[4+2*K:4+3*K])
   def events(self) -> list[dict]:
     """The round's tokens: the kept drafts, then the resampled, bonus or (K 0) target token."""

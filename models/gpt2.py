@@ -146,6 +146,9 @@ class GPT2:
   def compile(self, fn, key:tuple, passes:tuple[int, ...]):   # the engine compiles through its store and choices
     return TinyJit(fn)
 
+  def read(self, t:Tensor) -> list:   # a step's output on the host (the engine copies its buffer out directly)
+    return t.tolist()
+
   def __call__(self, tokens:Tensor|list[int], start_pos:int) -> Tensor:
     """The JIT-compiled forward of tokens (1, T) or a list: after a width's first calls nothing compiles again."""
     if isinstance(tokens, list): tokens = Tensor([tokens], dtype=dtypes.int32)

@@ -1011,3 +1011,23 @@ def test_one_pass_layer_norms_cancel_nothing_at_a_massive_element(C):
     assert row_error(norm.layer_norm(Tensor(x), Tensor(w), Tensor(b), 1e-5, Way("stats", group)).numpy(), normed) < 1e-5, group
   kernel = matvec.options(8, C)[0]
   assert row_error(matvec.linear(Tensor(x), Tensor(W), kernel=kernel, ln=ln).numpy(), normed @ W.T.astype(np.float64)) < 1e-5
+
+@pytest.mark.backend
+@pytest.mark.quick
+def test_a_steps_output_is_read_without_a_copy_scheduled(tiny_dir, monkeypatch):
+  """An engine model's read() (the sampler's one host read a round) gives tolist()'s values by copying the step's
+  output buffer out (internals.read()), scheduling nothing (Tensor._buffer: 0.5 ms a round on a CPU); what it read stays
+  as read when the step rewrites its output; a Tensor not realized yet is read as tolist() reads it."""
+  model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)
+  assert model.read != plain.read
+  step = lambda m, t, pos: m.jit(GPT2.forward, 1)(m, Tensor([[t]], dtype=dtypes.int32), m.positions.bind(pos))
+  for i in range(3): out = step(model, 5 + i, i)
+  want = out.tolist()
+  monkeypatch.setattr(Tensor, "_buffer", lambda self: pytest.fail("read() scheduled a copy"))
+  got = model.read(out)
+  assert got == want and np.array(got).shape == out.shape == (1, model.cfg.padded_vocab)
+  step(model, 9, 3)
+  assert model.read(out) != got and got == want, "a read shares the step's buffer"
+  monkeypatch.undo()
+  lazy = Tensor([1.5, 2.5]) * 2
+  assert model.read(lazy) == [3.0, 5.0] == plain.read(lazy)

@@ -24,13 +24,20 @@ SHORTCUTS = 4     # a step's inputs it keeps a shortcut for (replay.Shortcut)
 
 def apply(model:GPT2, search:int=0) -> GPT2:
   """The one seam: model's blocks, final layer norm and lm_head computed by the engine's kernels where they measure
-  faster, and its JIT-compiled steps compiled through compile() (kernel choices, BEAM search of width search, the
-  store, the replay graph). The state (weights, KV cache) and its names do not change."""
+  faster, its JIT-compiled steps compiled through compile() (kernel choices, BEAM search of width search, the store,
+  the replay graph), and a step's output read by read(). The state (weights, KV cache) and its names do not change."""
   model.h = [Block(block) for block in model.h]
   model.ln_f = norm.LayerNorm(model.ln_f)
   model.lm_head = functools.partial(linear.head, w=model.wte.weight)
   model.compile = functools.partial(compile, weakref.ref(model), search)
+  model.read = read
   return model
+
+def read(t:Tensor) -> list:
+  """GPT2.read for an engine model: t.tolist(), a realized buffer copied out at once (internals.read()) where tinygrad
+  schedules and runs a copy: 0.5 ms of a round on a CPU (docs/engine.md)."""
+  if t.dtype.fmt in (None, "e") or (out := internals.read(t.uop)) is None: return t.tolist()
+  return out.cast(t.dtype.fmt, t.shape).tolist()
 
 class Block:
   """The port's Block (the same modules, the same state names) computed by the engine: each linear layer by

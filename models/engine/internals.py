@@ -23,7 +23,7 @@ from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolv
 
 __all__ = ["AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
            "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner", "has_half",
-           "inputs_of", "program_settings", "renumbered", "returned", "runs_c_functions", "target", "threads_in_kernels",
+           "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target", "threads_in_kernels",
            "work_groups", "writes_any"]
 
 # ***** the device *****
@@ -129,6 +129,18 @@ def writes_any(captured, uops:list[UOp]) -> bool:
 def returned(captured):
   """What a captured step returns: its outputs' Tensors, rewritten by each replay."""
   return captured.ret
+
+def read(uop:UOp) -> memoryview|None:
+  """A copy of a realized buffer's bytes (uop: its BUFFER, or a reshape of it), by its allocator once the device has
+  finished: Tensor.data() schedules and runs a copy for it, about 0.5 ms on a CPU. None where uop is no realized buffer
+  or the allocator copies out no other way."""
+  while uop.op is Ops.RESHAPE: uop = uop.src[0]
+  if uop.op is not Ops.BUFFER or not (buf := uop.buffer).is_allocated(): return None
+  Device[buf.device].synchronize()
+  out = memoryview(bytearray(buf.nbytes))
+  try: buf.allocator._copyout(out, buf._buf)
+  except NotImplementedError: return None
+  return out
 
 def handles(call, input_uops) -> list:
   """A kernel's buffers' device handles, as tinygrad's executor passes them."""
