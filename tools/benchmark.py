@@ -234,12 +234,17 @@ def table(result:dict) -> str:
                  f"{r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
 
+SETTLE = 0.2   # seconds idle before a run is timed: OpenBLAS's threads spin on the cores ~0.1 s after numpy's product
+
 def side_by_side(runs:dict, rounds:int=5) -> dict[str, float]:
-  """Each call's seconds (name -> a call): the best of rounds in which each runs in turn (best of 3): a shared machine's
-  memory rate moves over minutes, so the times compared with each other are taken side by side."""
+  """Each call's seconds (name -> a call): the best of rounds in which each runs in turn (best of 3), after SETTLE
+  idle: a shared machine's memory rate moves over minutes, so the times compared with each other are taken side by
+  side, and none while the run before it still holds the cores (a pass timed right after numpy's BLAS took 2x)."""
   best = {name: float("inf") for name in runs}
   for _ in range(rounds):
-    for name, run in runs.items(): best[name] = min(best[name], best_seconds(run, 3))
+    for name, run in runs.items():
+      time.sleep(SETTLE)
+      best[name] = min(best[name], best_seconds(run, 3))
   return best
 
 def decodes_and_floor(models_:dict, nbytes:int=1 << 30) -> dict[str, tuple[float, int]]:
