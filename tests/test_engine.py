@@ -301,6 +301,7 @@ def test_lanes_gelu_kernel_finishes_the_layer(T):
   assert f"gelu_{T}_96" in {p.arg.name for p in to_program_cache.values()}
 
 def outputs(value:float): return [np.full((2, 3), value, np.float32)]
+def ran(seconds:float, value:float): return lambda: (seconds, outputs(value), lambda: seconds)   # a candidate's run
 
 def test_fastest_measures_once_per_machine(disk, capfd):
   """choice.fastest() runs every candidate, keeps the fastest of those whose outputs agree with the first's (tinygrad's
@@ -327,7 +328,8 @@ RACE = """
 import os, sys, time
 from models.engine import choice
 read = choice.read
-def slow_read(db, kind, key): value = read(db, kind, key); time.sleep(0.5); return value   # a put between read and write
+def slow_read(db, kind, key):   # a put between read and write
+  value = read(db, kind, key); time.sleep(0.5); return value
 choice.read = slow_read
 time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
 print(choice.first_stored("spec_test", "k", (os.getpid(),))[0])
@@ -361,16 +363,15 @@ def test_a_fast_candidate_with_other_values_never_wins(disk, capfd):
   tinygrad's are) drops out however fast, with one line naming it and the error; nothing is cached, so the next
   process measures again. Within the tolerance (half: 2.9e-3 of a row's largest value, what rounding alone moves)
   a candidate counts as agreeing."""
-  candidates = {None: lambda: (2.0, outputs(1.0), lambda: 2.0), "wrong": lambda: (0.1, outputs(1.5), lambda: 0.1), "nan": lambda: (0.1, outputs(np.nan), lambda: 0.1),
-                "right": lambda: (1.0, outputs(1.0), lambda: 1.0)}
+  candidates = {None: ran(2.0, 1.0), "wrong": ran(0.1, 1.5), "nan": ran(0.1, np.nan), "right": ran(1.0, 1.0)}
   assert choice.fastest("spec_test", ("k",), candidates, "test kernel", dtypes.float32) == "right" and disk == {}
   lines = capfd.readouterr().err.splitlines()
   assert len(lines) == 2 and all("test kernel" in l and "computes other values" in l for l in lines)
   assert "wrong" in lines[0] and "5.0e-01" in lines[0] and "nan" in lines[1] and "inf" in lines[1]
-  half = {None: lambda: (2.0, outputs(1.0), lambda: 2.0), "close": lambda: (1.0, outputs(1.002), lambda: 1.0)}
+  half = {None: ran(2.0, 1.0), "close": ran(1.0, 1.002)}
   assert choice.fastest("spec_test", ("h",), half, "test kernel", dtypes.float16, length=6400) == "close"
   assert choice.fastest("spec_test", ("f",), half, "test kernel", dtypes.float32, length=6400) is None
-  dropped = {None: lambda: (2.0, outputs(1.0), lambda: 2.0), "off": lambda: (1.0, outputs(1.005), lambda: 1.0)}   # 1e-2 let it through
+  dropped = {None: ran(2.0, 1.0), "off": ran(1.0, 1.005)}   # 1e-2 let it through
   assert choice.fastest("spec_test", ("d",), dropped, "test kernel", dtypes.float16, length=768) is None
 
 def test_a_candidate_that_cannot_run_drops_out_and_nothing_is_cached(disk, capfd):
@@ -379,7 +380,7 @@ def test_a_candidate_that_cannot_run_drops_out_and_nothing_is_cached(disk, capfd
   fail) does not fix the choice for good: the next process measures again and says so again."""
   runs = []
   def broken(): runs.append("broken"); raise RuntimeError("too many resources requested for launch")
-  candidates = {None: lambda: (2.0, outputs(1.0), lambda: 2.0), (8, 2): broken, (8, 1): lambda: (1.0, outputs(1.0), lambda: 1.0)}
+  candidates = {None: ran(2.0, 1.0), (8, 2): broken, (8, 1): ran(1.0, 1.0)}
   for _ in range(2):
     assert choice.fastest("spec_test", ("k",), candidates, "matvec kernel", dtypes.float32) == (8, 1)
     lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]

@@ -23,8 +23,8 @@ from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolv
 
 __all__ = ["AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
            "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner", "has_half",
-           "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target", "threads_in_kernels",
-           "work_groups", "writes_any"]
+           "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target",
+           "threads_in_kernels", "work_groups", "writes_any"]
 
 # ***** the device *****
 
