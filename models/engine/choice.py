@@ -44,8 +44,8 @@ CHOSEN = Choices()
 # ***** the mechanism *****
 
 PRUNE = 1.5   # a kernel's later options are measured only while its first is within this of the fastest so far
-# timings of each candidate after the first, taken in turn: a burst of other work on the machine during one candidate's
-# timing does not choose (docs/engine.md)
+# timings of each candidate after the first (one call each, the first the best of 3), taken in turn: a burst of other
+# work on the machine during one candidate's timing does not choose (docs/engine.md)
 ROUNDS = 2
 
 def fastest(kind:str, what:tuple, candidates:dict, name:str, dtype, family=lambda key: None, costs:dict|None=None,
@@ -185,12 +185,13 @@ def captured(fn, calls:list[tuple], timed:int=1, before=None, after=list):
   """fn (a list of Tensors, each realized apart: a layer's graph is scheduled once, its copies found in tinygrad's
   schedule cache) captured by a TinyJit on tinygrad's default kernels, on the first tuple of arguments in calls; its
   calls on the first `timed` timed (best of 3, each after before() where given) and summed; the outputs of a call on
-  each, then after()'s (what the call left behind); and a function that times it again."""
+  each, then after()'s (what the call left behind); and a function that times it again, one call each."""
   step = TinyJit(lambda *args: [t.realize() for t in fn(*args)])
   internals.capture_next(step)
   with Context(BEAM=0): step(*calls[0])
-  def seconds() -> float: return sum(best_seconds(lambda: step(*args), before=before) for args in calls[:timed])
-  return seconds(), [out for args in calls for out in [t.numpy() for t in step(*args)] + after()], seconds
+  def seconds(reps:int=3) -> float:
+    return sum(best_seconds(lambda: step(*args), reps, before) for args in calls[:timed])
+  return seconds(), [out for args in calls for out in [t.numpy() for t in step(*args)] + after()], lambda: seconds(1)
 
 # ***** what candidates are timed and compared on *****
 
