@@ -1,5 +1,5 @@
 """Measured choices: which way of computing a layer is fastest on this machine, among those that compute what tinygrad's
-own kernels compute, asked once and kept in tinygrad's disk cache.
+own kernels compute, asked once and kept in a file beside tinygrad's disk cache (path()).
 
   Way, TINYGRAD    how a layer is computed: tinygrad's kernels, or one of the engine's with its option
   CHOSEN           this process's choices (a Choices), which the layers ask as they are built
@@ -113,6 +113,7 @@ def database(where:str):
   finally: db.close()
 
 def read(db, kind:str, key:str):
+  """The value under kind and key in db, or None."""
   row = db.execute("SELECT value FROM choices WHERE kind = ? AND key = ?", (kind, key)).fetchone()
   return None if row is None else pickle.loads(row[0])
 
