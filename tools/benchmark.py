@@ -234,7 +234,7 @@ def table(result:dict) -> str:
                  f"{r['ar_overhead']:.2f} | {r['compiled']} |")
   return "\n".join(lines)
 
-SETTLE = 0.2   # seconds idle before a run is timed: OpenBLAS's threads spin on the cores ~0.1 s after numpy's product
+SETTLE = 0.2   # seconds idle before a run is timed: OpenBLAS's threads keep spinning after numpy's product (docs)
 
 def side_by_side(runs:dict, rounds:int=5) -> dict[str, float]:
   """Each call's seconds (name -> a call): the best of rounds in which each runs in turn (best of 3), after SETTLE
