@@ -702,6 +702,9 @@ def parse_args(argv=None):
   ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations "
                   "and KV cache (logits and sampling are float32); auto: float16 where a pass in half measures clearly "
                   "faster on the device (GPUs, a CPU with F16C: half the bytes; timed once per machine), else float32")
+  ap.add_argument("--draft-dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the draft "
+                  "model, which moves only how often its tokens are accepted, never the output's distribution; auto: "
+                  "float16 where half measures faster (as --dtype auto), else --dtype's")
   ap.add_argument("--plain", action="store_true", help="the GPT-2 port alone, on tinygrad's own kernels and executor: "
                   "no engine (custom kernels, measured choices, stored steps); --dtype auto is float32 there")
   ap.add_argument("--search", type=int, default=0, metavar="N", help="the engine also searches the draft's and "
@@ -738,9 +741,9 @@ def main(argv=None) -> int:
     draft = PromptLookup(args.ngram_max, args.ngram_min) if args.draft == "ngram" else None
     enc = models.tokenizer()
     prompt_tokens = enc.encode(prompt, allowed_special={"<|endoftext|>"})
-    load = lambda name: models.load(name, args.dtype, args.dummy_weights, args.search, args.plain)
-    target = load(args.target)
-    if args.draft != "ngram": draft = load(args.draft)
+    load = lambda name, dtype: models.load(name, dtype, args.dummy_weights, args.search, args.plain)
+    target = load(args.target, args.dtype)
+    if args.draft != "ngram": draft = load(args.draft, models.draft_dtype(args.draft_dtype, target.dtype, args.plain))
     check([target] + ([draft] if isinstance(draft, GPT2) else []), prompt_tokens or [EOT], args.max_new_tokens,
           args.lookahead)
   except (ValueError, OSError, models.CheckpointError) as e:
@@ -771,7 +774,10 @@ def main(argv=None) -> int:
   tokens, stats = results["speculative"]
   if args.json:
     report = lambda toks, st: dict(tokens=toks, text=enc.decode(toks), stats=st.as_dict())
-    obj = dict(prompt_tokens=prompt_tokens, **report(tokens, stats), dummy_weights=args.dummy_weights, plain=args.plain)
+    precision = dict(dtype=models.dtype_name(target.dtype),
+                   draft_dtype=models.dtype_name(draft.dtype) if isinstance(draft, GPT2) else None)
+    obj = dict(prompt_tokens=prompt_tokens, **report(tokens, stats), dummy_weights=args.dummy_weights, plain=args.plain,
+               **precision)
     if args.compare: obj["baseline"] = report(*results["baseline"])
     print(json.dumps(obj))
   elif args.compare:

@@ -21,7 +21,7 @@ def test_help_explains_every_flag():
   assert out.returncode == 0
   for flag in ("--plain", "--prompt", "--prompt-file", "--target", "--draft", "--lookahead", "--max-new-tokens", "--temperature",
                "--top-k", "--top-p", "--seed", "--ignore-eos", "--compare", "--json", "--trace", "--dummy-weights",
-               "--ngram-max", "--ngram-min", "--dtype", "--verify", "--search", "auto"):
+               "--ngram-max", "--ngram-min", "--dtype", "--draft-dtype", "--verify", "--search", "auto"):
     assert flag in out.stdout
   assert "default: gpt2-xl" in out.stdout and "(default: 2)" in out.stdout and "default: block" in out.stdout
 
@@ -37,6 +37,7 @@ def test_json_with_compare(capsys):
               "draft_seconds", "t_draft", "t_target", "theoretical_speedup"):
     assert key in stats, key
   assert list(stats["draft_seconds"]) == ["2"] and stats["t_draft"] == stats["draft_seconds"]["2"] > 0  # K 2 throughout
+  assert obj["dtype"] == conftest.DTYPE and obj["draft_dtype"] == models.draft_dtype("auto", models.DTYPES[conftest.DTYPE])
 
 @pytest.mark.backend
 def test_plain_generates_what_the_engine_generates(capsys):
@@ -111,6 +112,7 @@ def test_ctrl_c_ends_the_run_with_130_without_a_traceback():
   (["--target", "gpt5"], "unknown model 'gpt5'"),
   (["--target", "./no/such/dir"], "no such checkpoint directory"),
   (["--dtype", "bfloat16"], "argument --dtype: invalid choice: 'bfloat16'"),
+  (["--draft-dtype", "bfloat16"], "argument --draft-dtype: invalid choice: 'bfloat16'"),
   (["--verify", "tree"], "argument --verify: invalid choice: 'tree'"),
   (["--search", "-1"], "search must be >= 0"),
   (["--plain", "--search", "1"], "--search is the engine's kernel search: drop --plain to use it"),

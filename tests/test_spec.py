@@ -38,6 +38,26 @@ def test_greedy_identity_real_pair(docs_target, docs_draft, enc, first, last):
 def test_greedy_identity_real_pair_all(docs_target, docs_draft, enc, K):
   for prompt in PROMPTS: assert_greedy_identical(docs_target, docs_draft, enc.encode(prompt), K)
 
+@pytest.mark.backend
+def test_greedy_identity_with_a_draft_in_the_other_dtype(docs_target, enc):
+  """A draft in the other dtype than the target's (spec.py's --draft-dtype auto runs a float16 draft beside a float32
+  target on a CPU with F16C) proposes other tokens at times, never other output: the target's greedy path."""
+  other = "float16" if conftest.DTYPE == "float32" else "float32"
+  draft = models.load(str(conftest.shared_dir() / "docs-draft"), other)
+  assert draft.dtype != docs_target.dtype
+  for i, K in ((0, 2), (1, 4)):
+    assert assert_greedy_identical(docs_target, draft, enc.encode(PROMPTS[i]), K).acceptance_rate > 0
+
+def test_draft_dtype_auto_is_float16_where_half_pays(monkeypatch):
+  for pays in (True, False):
+    monkeypatch.setattr(models.engine, "half_pays", lambda pays=pays: pays)
+    for target in models.DTYPES.values():
+      assert models.draft_dtype("auto", target) == ("float16" if pays else models.dtype_name(target))
+      assert models.draft_dtype("auto", target, plain=True) == models.dtype_name(target)   # --plain measures nothing
+      assert [models.draft_dtype(name, target) for name in models.DTYPES] == list(models.DTYPES)
+  with pytest.raises(ValueError, match="draft dtype must be auto, float32 or float16, got 'half'"):
+    models.draft_dtype("half", models.DTYPES["float32"])
+
 @pytest.fixture(scope="module")
 def tiny(tiny_dir): return {name: load(tiny_dir / name) for name in ("target", "draft", "other")}
 

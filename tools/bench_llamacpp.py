@@ -10,11 +10,12 @@ llama.cpp as pip's llama-cpp-python source package carries it (offline once down
   python3 tools/bench_llamacpp.py --llama-cpp $L         # about 10 minutes
 
 The checkpoints become float32 GGUF files (llama.cpp's gguf-py writes them; the tokenizer is GPT-2's, from tiktoken's
-r50k_base: its tokens and the merges that rebuild them), the target also float16 (llama-quantize F16). Then, on every
-core: llama-bench's plain decoding of the target in F32 and F16 (tg, 128 tokens after none), and each prompt in turn by
+r50k_base: its tokens and the merges that rebuild them), both also float16 (llama-quantize F16). Then, on every core:
+llama-bench's plain decoding of the target in F32 and F16 (tg, 128 tokens after none), and each prompt in turn by
 llama.cpp's greedy decoding in F32 and F16 (llama-completion; llama-cli where an older build has no llama-completion),
 llama-speculative's (the draft, at most 2 and 4 drafted tokens: --spec-draft-n-max, or --draft-max in older builds, its
-other settings its defaults), spec's target alone and spec's speculative sampling with default flags in float32 and
+other settings its defaults; F32, K 2 also beside an F16 draft, as spec's default, and F16), spec's target alone and
+spec's speculative sampling with default flags (the draft's dtype --draft-dtype auto's) in float32 and
 float16 (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
 The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after. The first prompt's greedy
 text is compared, a check of the conversion: the same weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
@@ -126,9 +127,11 @@ def main():
   rate_before = memory_rate()
   ours = {}
   for dtype in ("float32", "float16"):
-    target_model, draft_model = (models.load(str(SHARED / d), dtype) for d in ("docs-deep", "docs-draft"))
+    target_model = models.load(str(SHARED / "docs-deep"), dtype)
+    draft_dtype = models.draft_dtype("auto", target_model.dtype)   # as spec.py's --draft-dtype auto
+    draft_model = models.load(str(SHARED / "docs-draft"), draft_dtype)
     ours[f"spec, target alone, {dtype}"] = lambda p, n, t=target_model: spec.autoregressive_generate(t, p, n, eos=None)
-    ours[f"spec, speculative sampling (default flags), {dtype}"] = \
+    ours[f"spec, speculative sampling (default flags), {dtype}, draft {draft_dtype}"] = \
       lambda p, n, t=target_model, d=draft_model: spec.speculative_generate(t, d, p, max_new_tokens=n, eos=None)
   for fn in ours.values():
     for p in prompts: fn(enc.encode(p), 4)                          # warm-up: the steps, every prefill width
@@ -136,8 +139,8 @@ def main():
     vocab = gpt2_vocab()
     target, draft = (to_gguf(gguf, SHARED / d, pathlib.Path(tmp) / f"{d}.gguf", vocab)
                      for d in ("docs-deep", "docs-draft"))
-    target16 = pathlib.Path(tmp) / "docs-deep-f16.gguf"
-    run([tool(bin_, "llama-quantize"), target, target16, "F16"])
+    target16, draft16 = (pathlib.Path(tmp) / f"{d}-f16.gguf" for d in ("docs-deep", "docs-draft"))
+    for f32, f16 in ((target, target16), (draft, draft16)): run([tool(bin_, "llama-quantize"), f32, f16, "F16"])
     bench = {f: json.loads(run([tool(bin_, "llama-bench"), "-m", m, "-p", 0, "-n", args.n, "-t", args.threads, "-r", 5,
                                 "-o", "json"]))[0] for f, m in (("F32", target), ("F16", target16))}
     print(f"# spec against llama.cpp {bench['F32'].get('build_commit', '?')}: docs-deep / docs-draft, {args.threads} "
@@ -146,9 +149,10 @@ def main():
     llama = {f"llama.cpp, {completion.name} greedy decoding, {f}": lambda p, m=m: eval_ms(run(
       [completion, "-m", m, "-p", p, *plain_flags, *common])) for f, m in (("F32", target), ("F16", target16))}
     most, fewest = draft_flags(speculative)
-    for K in (2, 4):
-      llama[f"llama.cpp, llama-speculative (K {K}), F32"] = lambda p, K=K: speculative_ms(run(
-        [speculative, "-m", target, "-md", draft, "-p", p, most, K, fewest, 0, *common]))
+    for K, f, m, d in ((2, "F32", target, draft), (4, "F32", target, draft), (2, "F32, draft F16", target, draft16),
+                       (2, "F16", target16, draft16)):
+      llama[f"llama.cpp, llama-speculative (K {K}), {f}"] = lambda p, K=K, m=m, d=d: speculative_ms(run(
+        [speculative, "-m", m, "-md", d, "-p", p, most, K, fewest, 0, *common]))
     # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not
     totals = {name: [0.0, 0] for name in [*llama, *ours]}
     for p in prompts:
