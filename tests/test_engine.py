@@ -580,35 +580,42 @@ def test_norm_choose_measures_every_way(monkeypatch, disk):
 
 def test_auto_dtype_is_half_where_half_measures_faster(monkeypatch, disk):
   """--dtype auto asks a measurement, not the device's name: half where a row times half weights by the engine's
-  fastest way is clearly faster (timed once per machine, then read from tinygrad's disk cache), float32 where it is not
-  or the device has no half; with plain=True nothing is measured and auto is float32."""
+  fastest way is clearly faster (each dtype timed in turn, 1 + ROUNDS times, its fastest kept; once per machine, then
+  read from the choices' file), float32 where it is not or the device has no half; with plain=True nothing is
+  measured and auto is float32."""
   timed = []
   renderer = Device[Device.DEFAULT].renderer
   monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32, dtypes.half])
-  def costs(cost): return lambda dtype: timed.append(dtype) or cost[dtype]
-  monkeypatch.setattr(linear, "half_cost", costs({dtypes.half: 1.0, dtypes.float32: 2.0}))
+  def timers(seconds):   # each dtype's timings in the order they are taken
+    return lambda dtype: (lambda left=list(seconds[dtype]): timed.append(dtype) or left.pop(0))
+  monkeypatch.setattr(linear, "half_timer", timers({dtypes.half: [1.0] * 3, dtypes.float32: [2.0] * 3}))
   assert models.resolve_dtype("auto", plain=True) == dtypes.float32 and timed == []
-  assert models.resolve_dtype("auto") == dtypes.half and timed == [dtypes.half, dtypes.float32]
-  assert models.resolve_dtype("auto") == dtypes.half and len(timed) == 2, "measured again"
-  assert models.resolve_dtype("float32") == dtypes.float32 and len(timed) == 2
+  assert models.resolve_dtype("auto") == dtypes.half and timed == [dtypes.half, dtypes.float32] * 3, "not in turn"
+  assert models.resolve_dtype("auto") == dtypes.half and len(timed) == 6, "measured again"
+  assert models.resolve_dtype("float32") == dtypes.float32 and len(timed) == 6
   disk.clear()
-  monkeypatch.setattr(linear, "half_cost", costs({dtypes.half: 1.0, dtypes.float32: 1.2}))   # not clearly
+  monkeypatch.setattr(linear, "half_timer", timers({dtypes.half: [1.0] * 3, dtypes.float32: [1.2] * 3}))   # not clearly
   assert models.resolve_dtype("auto") == dtypes.float32
   disk.clear()
+  # a burst of other work during one timing (half's first: 3x its cost), then the machine quiet: its fastest decides
+  monkeypatch.setattr(linear, "half_timer", timers({dtypes.half: [3.0, 1.0, 1.0], dtypes.float32: [2.0] * 3}))
+  assert models.resolve_dtype("auto") == dtypes.half
+  disk.clear()
   monkeypatch.setattr(type(renderer), "supported_dtypes", lambda self: [dtypes.float32])
-  monkeypatch.setattr(linear, "half_cost", lambda dtype: pytest.fail("measured a dtype the device does not have"))
+  monkeypatch.setattr(linear, "half_timer", lambda dtype: pytest.fail("measured a dtype the device does not have"))
   assert models.resolve_dtype("auto") == dtypes.float32
 
 @pytest.mark.backend
-def test_half_cost_times_the_engines_way(monkeypatch):
-  """half_cost() times a row by the weights through the way choose() measured for them in that dtype, on this
-  device."""
+def test_half_timer_times_the_engines_way(monkeypatch):
+  """half_timer() times a row by the weights through the way choose() measured for them in that dtype, on this
+  device, and again on each call."""
   monkeypatch.setattr(linear, "HALF_SHAPE", (64, 32))
   fresh_choices(monkeypatch)
   ways, apply = [], linear.apply
   monkeypatch.setattr(linear, "apply", lambda *args, way=None, **kw: ways.append(way) or apply(*args, way=way, **kw))
   for dt in (dtypes.float32, getattr(dtypes, dtype())):
-    assert linear.half_cost(dt) > 0
+    timer = linear.half_timer(dt)
+    assert timer() > 0 and timer() > 0
     chosen = CHOSEN.measured["linear"][(1, 64, 32, dt, dt, False, linear.Form(False, False, False, dt))]
     assert ways[-linear.HALF_LAYERS:] == [chosen] * linear.HALF_LAYERS, "not timed through the way chosen"
 

@@ -128,14 +128,19 @@ class Step:
 
 def half_pays() -> bool:
   """Whether this device multiplies a row by half weights clearly faster (1.25x) than by float32 ones, each by the
-  engine's fastest way run as a step runs (linear.half_cost(), graph()): a GPU reads half the bytes, a CPU's lanes
-  kernel converts four values at a time (x86's F16C); where half is emulated (pocl) it does not pay. Once per machine
-  (tinygrad's disk cache)."""
+  engine's fastest way run as a step runs (linear.half_timer(), graph()): a GPU reads half the bytes, a CPU's lanes
+  kernel converts four values at a time (x86's F16C); where half is emulated (pocl) it does not pay. Each dtype timed
+  1 + choice.ROUNDS times, in turn, its fastest kept: a burst of other work during one timing does not decide. Once
+  per machine (choice.path())."""
   if not internals.has_half(): return False
   disk = choice.machine_key(choice.sources(linear.__name__))
   if (pays := choice.cached("spec_half", disk)) is None:
-    with graph(): faster = linear.half_cost(dtypes.half) * 1.25 < linear.half_cost(dtypes.float32)
-    pays = choice.first_stored("spec_half", disk, faster)
+    with graph():
+      timers = {dt: linear.half_timer(dt) for dt in (dtypes.half, dtypes.float32)}
+      seconds = {dt: [] for dt in timers}
+      for _ in range(1 + choice.ROUNDS):
+        for dt, timer in timers.items(): seconds[dt].append(timer())
+    pays = choice.first_stored("spec_half", disk, min(seconds[dtypes.half]) * 1.25 < min(seconds[dtypes.float32]))
   return pays
 
 def graph():
