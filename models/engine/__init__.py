@@ -95,8 +95,9 @@ def choose_kernels(model:GPT2, widths) -> tuple:
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
-  or with tinygrad's kernels only (tinygrads: a prefill's pass, replayed), run by native.py's runner where it fits and
-  measures faster, else replayed through replay.py's graph, stored under its name (store.step_name()) once captured,
+  or with tinygrad's kernels only (tinygrads: a prefill's pass), run by native.py's runner where it fits and measures
+  faster (a prefill's pass where it fits, untimed: its kernels take milliseconds, which the runner shares among the
+  cores where replay.py runs a kernel's splits on one), else replayed through replay.py's graph, stored under its name (store.step_name()) once captured,
   and loaded from there by a later process."""
   def __init__(self, fn, search:int, what:str, model:GPT2, name:str, tinygrads:bool=False):
     self.search, self.what, self.model, self.name, self.tinygrads = search, what, weakref.ref(model), name, tinygrads
@@ -118,10 +119,8 @@ class Step:
           ret = self.fn(*args)
         if self.path is not None: store.save(self.fn, self.model(), self.path)
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them; a prefill's pass
-      # runs once per prompt, where launches cost nothing beside it: replayed, nothing timed
-      if self.calls == 1:
-        if self.tinygrads: native.replay(self.fn.captured)
-        else: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
+      # runs once per prompt: not timed
+      if self.calls == 1 and not self.tinygrads: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
       # a later call on these inputs skips TinyJit's call; a few kept (a verify step's block: either draft width)
       if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts][:SHORTCUTS]
     return ret

@@ -8,7 +8,7 @@ variables' values) into the table and makes one call into the runner, which walk
 thread splits of a kernel shared among them, a barrier where a kernel's threads change, a kernel without splits on the
 calling thread. The runner is compiled once per machine (tinygrad's disk cache); its kernels are the step's own, as
 tinygrad compiled them, so its outputs are its executor's to the bit. Whether it is faster than replay.py is measured
-per step (choose()).
+per step (choose()); a prefill's pass runs on it untimed.
 """
 from __future__ import annotations
 import ctypes, functools, hashlib, os, pathlib, platform, subprocess, sys, tempfile, time
@@ -230,10 +230,6 @@ def choose(captured, run, name:str) -> bool|None:
     else: way = choice.first_stored("spec_native", disk, min(seconds[True]) < min(seconds[False]))
   for g in batches: g.native = way and g.fits
   return way
-
-def replay(captured) -> None:
-  """A step's batches replayed by replay.py, not the runner."""
-  for g in graphs(captured): g.native = False
 
 def tensors(ret) -> list:
   """The Tensors a step returns (one, or a tuple of them and None)."""
