@@ -425,6 +425,8 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   assert linear.ways(1, 24, 32)[:5] == [TINYGRAD, lanes_("lanes"), lanes_("row"), lanes_("wide"), matvec_((64, 1))]
   assert linear.ways(1, 36, 32)[:3] == [TINYGRAD, lanes_("four"), lanes_("row")], "four only where lanes does not fit"
   assert lanes_("lanes") not in linear.ways(1, 24, 36)
+  lanes_ways = lambda T: [w for w in linear.ways(T, 24, 32) if w.kernel == "lanes"]
+  assert lanes_ways(linear.PREFILL_ROWS) == lanes_ways(1) and lanes_ways(64) == [lanes_("row")], "a prefill's rows"
   # where the matvec kernel's first option loses clearly to one role, the process times it on no other of that width
   costs[matvec_((64, 1))] = 3.0
   assert linear.choose(3, [Tensor.empty(40, 64)], None, dtypes.float32) == lanes_("lanes")
@@ -650,7 +652,9 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
   measurement (models/engine/linear.py, attention.py, norm.py) for its width and for one token, whatever the
   search; with search > 0 its other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine
-  searches a kernel once). A prefill chooses and searches nothing. The logits do not change."""
+  searches a kernel once). A prefill's pass of any width runs the kernels chosen for passes of PREFILL_WIDTH (the
+  linear layers but the lm_head, which it does not run), searched nothing; a wider pass chooses nothing. The logits do
+  not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
   beams, beam_search = [], tinygrad_search.beam_search  # the beam width of every kernel search
   monkeypatch.setattr(tinygrad_search, "beam_search", lambda *a, **kw: beams.append(a[3]) or beam_search(*a, **kw))
@@ -658,24 +662,36 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   unsearched, searched = load(tiny_dir / "target"), load(tiny_dir / "target", search=1)
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
-  chosen = lambda: list(CHOSEN.measured.values())
-  assert beams == [] and chosen() == [{}, {}, {}], "a prefill searched or chose"
-  assert searched.jit(GPT2.forward, engine.STEP_WIDTH + 1).search == 0 and chosen() == [{}, {}, {}]
+  chosen = lambda: [{T for T, *_ in table} for table in CHOSEN.measured.values()]
+  P = models.gpt2.PREFILL_WIDTH
+  assert beams == [] and chosen() == [{P}] * 3, "a prefill searched, or chose for its own width"
+  assert {(N, C) for T, N, C, *_ in CHOSEN.measured["linear"]} == {(96, 32), (32, 32), (128, 32), (32, 128)}, "lm_head"
+  assert searched.jit(GPT2.forward, engine.STEP_WIDTH + 1).search == 0 and chosen() == [{P}] * 3
   step = [searched(seq[-1:], len(seq) - 1).numpy() for _ in range(3)]    # captured on the first call
   assert beams and set(beams) == {1}
-  measured = CHOSEN.measured
+  measured = {kind: {key for key in table if key[0] == 1} for kind, table in CHOSEN.measured.items()}
   assert {(T, N, C) for T, N, C, *_ in measured["linear"]} == \
     {(1, 96, 32), (1, 32, 32), (1, 128, 32), (1, 32, 128), (1, 64, 32)}
-  assert set(measured["attention"]) == {(1, 2, 256, 16, searched.dtype, dtypes.float32)}
-  assert set(measured["norm"]) == {(1, 32, searched.dtype)}
+  assert measured["attention"] == {(1, 2, 256, 16, searched.dtype, dtypes.float32)}
+  assert measured["norm"] == {(1, 32, searched.dtype)}
   unsearched.prefill(seq[:-1])
   beams.clear()
   expected = unsearched(seq[-2:], len(seq) - 2).numpy()
-  assert beams == [] and [{T for T, *_ in table} for table in chosen()] == [{1, 2}] * 3, "search 0 searched, or did not choose"
+  assert beams == [] and chosen() == [{1, 2, P}] * 3, "search 0 searched, or did not choose"
   two = [searched(seq[-2:], len(seq) - 2).numpy() for _ in range(3)]
   assert beams and set(beams) == {1}
   np.testing.assert_allclose(np.concatenate([step[-1], two[-1]]), np.concatenate([expected[-1:], expected]),
                              atol=tolerance() * np.abs(expected).max())
+
+def test_a_prefill_pass_of_any_width_runs_the_ways_chosen_for_prefill_width(monkeypatch):
+  """widths_as(T): every width asks the way measured at T (a prefill's passes: the powers of two up to PREFILL_WIDTH,
+  measured once), tinygrad's where none was."""
+  fresh_choices(monkeypatch)
+  CHOSEN.measured["linear"][(64, 96, 32, "form")] = Way("lanes", "row")
+  with engine.widths_as(64):
+    assert [CHOSEN.way("linear", (T, 96, 32, "form")) for T in (1, 8, 64)] == [Way("lanes", "row")] * 3
+    assert CHOSEN.way("linear", (8, 96, 64, "form")) == TINYGRAD and CHOSEN.way("norm", (8, 32, "dtype")) == TINYGRAD
+  assert CHOSEN.way("linear", (8, 96, 32, "form")) == TINYGRAD
 
 @pytest.mark.backend
 @pytest.mark.quick

@@ -15,7 +15,7 @@ models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own ke
 from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from models.gpt2 import GPT2
+from models.gpt2 import GPT2, PREFILL_WIDTH
 from models.engine import attention, choice, internals, linear, native, norm, replay, store
 from models.engine.choice import CHOSEN, TINYGRAD, Way
 
@@ -59,16 +59,20 @@ class Block:
 def compile(model_ref, search:int, fn:functools.partial, key:tuple, passes:tuple[int, ...]) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
   has its kernels chosen first, for the widths of its passes (a draft's step runs T tokens, then one at a time; the
-  target's verify step T tokens only), and searched when search > 0; a prefill pass runs once per prompt, on tinygrad's
-  default kernels (whatever the tables hold by then: a stored pass is the same whichever process captured it)."""
+  target's verify step T tokens only), and searched when search > 0; a prefill's pass of any width runs the kernels
+  chosen for passes of PREFILL_WIDTH (its widths are the powers of two up to it: one measurement for all), nothing
+  searched; a wider pass (a call of more tokens) runs tinygrad's kernels."""
   model, (name, T) = model_ref(), key[:2]
-  step = name != GPT2.fill.__name__ and T <= STEP_WIDTH
-  choices = choose_kernels(model, set(passes)) if step else ()
+  prefill = name == GPT2.fill.__name__
+  step = not prefill and T <= STEP_WIDTH
+  choices = choose_kernels(model, set(passes)) if step else \
+            choose_kernels(model, {PREFILL_WIDTH}, head=False) if prefill else ()
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
   stored = store.step_name(model, fn.func, key, search, choices)
-  return Step(fn, search if step else 0, what, model, stored, tinygrads=not step)
+  rule = tinygrad_kernels if not (step or prefill) else functools.partial(widths_as, PREFILL_WIDTH) if prefill else None
+  return Step(fn, search if step else 0, what, model, stored, rule, timed=step)
 
-def choose_kernels(model:GPT2, widths) -> tuple:
+def choose_kernels(model:GPT2, widths, head:bool=True) -> tuple:
   """For passes of these widths, measure once per machine which kernels compute each linear layer (each role over its
   layers, and the lm_head), attention and the layer norms fastest: the engine's or tinygrad's. Returns the choices."""
   blocks = model.h
@@ -79,7 +83,7 @@ def choose_kernels(model:GPT2, widths) -> tuple:
            ([b.mlp.c_fc for b in blocks], dict(x_dtype=stream, dtype=f32, lns=[b.ln_2 for b in blocks], gelu=True)),
            ([b.mlp.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True))]
   groups = [([l.weight for l in role], [l.bias for l in role], form) for role, form in roles] + \
-           [([model.wte.weight], None, dict(x_dtype=stream, dtype=f32))]   # the lm_head (linear.head())
+           [([model.wte.weight], None, dict(x_dtype=stream, dtype=f32))] * head   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   # the norms first: a linear layer's choice times the layer norm before it as a block runs it
@@ -95,12 +99,14 @@ def choose_kernels(model:GPT2, widths) -> tuple:
 
 class Step:
   """A TinyJit of the engine: captured with kernels from tinygrad's BEAM search of width `search` (0: its heuristics),
-  or with tinygrad's kernels only (tinygrads: a prefill's pass), run by native.py's runner where it fits and measures
-  faster (a prefill's pass where it fits, untimed: its kernels take milliseconds, which the runner shares among the
-  cores where replay.py runs a kernel's splits on one), else replayed through replay.py's graph, stored under its name (store.step_name()) once captured,
-  and loaded from there by a later process."""
-  def __init__(self, fn, search:int, what:str, model:GPT2, name:str, tinygrads:bool=False):
-    self.search, self.what, self.model, self.name, self.tinygrads = search, what, weakref.ref(model), name, tinygrads
+  with the choices a rule fixes meanwhile where given (a prefill's pass: widths_as(); a wider pass: tinygrad's), run by
+  native.py's runner where it fits and measures faster (timed: a prefill's pass is not, it runs on the runner where it
+  fits: its kernels take milliseconds, which the runner shares among the cores where replay.py runs a kernel's splits
+  on one), else replayed through replay.py's graph, stored under its name (store.step_name()) once captured, and loaded
+  from there by a later process."""
+  def __init__(self, fn, search:int, what:str, model:GPT2, name:str, rule=None, timed:bool=True):
+    self.search, self.what, self.model, self.name, self.rule = search, what, weakref.ref(model), name, rule
+    self.timed = timed
     self.path = store.step_path(name)
     self.fn = (self.path and store.load(model, self.path)) or TinyJit(fn)
     self.calls, self.shortcuts = 0, []
@@ -114,13 +120,13 @@ class Step:
       else:
         searched = " with searched kernels" if self.search else ""
         with Context(BEAM=self.search), notice(f"compiling {self.what}{searched}"), \
-             (tinygrad_kernels() if self.tinygrads else contextlib.nullcontext()):
+             (self.rule() if self.rule else contextlib.nullcontext()):
           internals.capture_next(self.fn)
           ret = self.fn(*args)
         if self.path is not None: store.save(self.fn, self.model(), self.path)
       # a step's call again on the same inputs rewrites what it wrote: its runners are timed on them; a prefill's pass
       # runs once per prompt: not timed
-      if self.calls == 1 and not self.tinygrads: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
+      if self.calls == 1 and self.timed: native.choose(self.fn.captured, lambda: self.fn(*args), self.name)
       # a later call on these inputs skips TinyJit's call; a few kept (a verify step's block: either draft width)
       if shortcut := replay.shortcut(self.fn.captured, args): self.shortcuts = [shortcut, *self.shortcuts][:SHORTCUTS]
     return ret
@@ -146,6 +152,10 @@ def graph():
   """The engine's graph for tinygrad's default device meanwhile, where tinygrad has none: native.py's where it fits,
   else replay.py's."""
   return replay.graph(Device.DEFAULT, native.Native if native.fits(Device.DEFAULT) else replay.Replay)
+
+def widths_as(T:int):
+  """The ways measured for passes of T tokens meanwhile, for passes of any width (tinygrad's where none was)."""
+  return CHOSEN.fixed(lambda kind, key: CHOSEN.measured[kind].get((T, *key[1:]), TINYGRAD))
 
 def tinygrad_kernels():
   """tinygrad's kernels for every layer meanwhile, whatever was measured."""

@@ -11,6 +11,9 @@ from models.engine import choice, lanes, matvec, norm
 from models.engine.choice import CHOSEN, PRUNE, TINYGRAD, Way, captured, enough, fastest
 
 HALF_SHAPE, HALF_LAYERS = (4096, 1024), 8   # the weights half_timer() times a row by
+# past this many rows (a prefill's passes) the lanes kernel is a candidate in its row layout only: the others hold 2-4x
+# the partial sums of a chunk of rows, and measured 1.5-7.6x slower at 64 rows (docs/engine.md)
+PREFILL_ROWS = 16
 
 # the widths (T, x dtype) where the matvec kernel lost clearly to a role (its first option over PRUNE x the fastest):
 # the process times it on no other role of that width (a CPU's OpenCL, where it loses every time, compiles it once)
@@ -59,7 +62,7 @@ def ways(T:int, N:int, C:int) -> list[Way]:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first. The lanes kernel's "four" layout only where
   "lanes" does not fit: "lanes" at half the outputs, it never measured ahead of the others where both fit, and a first
   run compiles one kernel less a layer (docs/engine.md)."""
-  fit = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout)]
+  fit = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout) and (T <= PREFILL_ROWS or layout == "row")]
   layouts = [Way("lanes", layout) for layout in fit if layout != "four" or "lanes" not in fit]
   return [TINYGRAD] + layouts + ([Way("matvec", o) for o in matvec.options(N, C)] if matvec.fits(N, C) else [])
 
