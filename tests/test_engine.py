@@ -652,7 +652,7 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   """Every step pass (at most STEP_WIDTH tokens) has the kernels of its linear layers, attention and layer norms chosen by
   measurement (models/engine/linear.py, attention.py, norm.py) for its width and for one token, whatever the
   search; with search > 0 its other kernels come from tinygrad's BEAM search (which caches its result on disk: a machine
-  searches a kernel once). A prefill's pass of any width runs the kernels chosen for passes of PREFILL_WIDTH (the
+  searches a kernel once). A prefill's pass of any width runs the kernels chosen for passes of PREFILL_CHOICE (the
   linear layers but the lm_head, which it does not run), searched nothing; a wider pass chooses nothing. The logits do
   not change."""
   import tinygrad.codegen.opt.search as tinygrad_search
@@ -663,7 +663,7 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
   seq = [int(t) for t in np.random.default_rng(6).integers(0, 64, 7)]
   searched.prefill(seq[:-1])
   chosen = lambda: [{T for T, *_ in table} for table in CHOSEN.measured.values()]
-  P = models.gpt2.PREFILL_WIDTH
+  P = engine.PREFILL_CHOICE
   assert beams == [] and chosen() == [{P}] * 3, "a prefill searched, or chose for its own width"
   assert {(N, C) for T, N, C, *_ in CHOSEN.measured["linear"]} == {(96, 32), (32, 32), (128, 32), (32, 128)}, "lm_head"
   assert searched.jit(GPT2.forward, engine.STEP_WIDTH + 1).search == 0 and chosen() == [{P}] * 3
@@ -684,8 +684,8 @@ def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeyp
                              atol=tolerance() * np.abs(expected).max())
 
 def test_a_prefill_pass_of_any_width_runs_the_ways_chosen_for_prefill_width(monkeypatch):
-  """widths_as(T): every width asks the way measured at T (a prefill's passes: the powers of two up to PREFILL_WIDTH,
-  measured once), tinygrad's where none was."""
+  """widths_as(T): every width asks the way measured at T (a prefill's passes, the powers of two up to 64, measured
+  once at PREFILL_CHOICE), tinygrad's where none was."""
   fresh_choices(monkeypatch)
   CHOSEN.measured["linear"][(64, 96, 32, "form")] = Way("lanes", "row")
   with engine.widths_as(64):

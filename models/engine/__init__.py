@@ -15,11 +15,14 @@ models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own ke
 from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from models.gpt2 import GPT2, PREFILL_WIDTH
+from models.gpt2 import GPT2
 from models.engine import attention, choice, internals, linear, native, norm, replay, store
 from models.engine.choice import CHOSEN, TINYGRAD, Way
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
+# a prefill's pass runs the ways chosen for this width, whatever its own: timing tinygrad's matmul at 64 rows cost a
+# first run twice as much (docs/engine.md)
+PREFILL_CHOICE = 32
 SHORTCUTS = 4     # a step's inputs it keeps a shortcut for (replay.Shortcut)
 
 def apply(model:GPT2, search:int=0) -> GPT2:
@@ -59,17 +62,17 @@ class Block:
 def compile(model_ref, search:int, fn:functools.partial, key:tuple, passes:tuple[int, ...]) -> Step:
   """GPT2.compile for an engine model. A step of a generation (at most STEP_WIDTH tokens, not a prefill's fill pass)
   has its kernels chosen first, for the widths of its passes (a draft's step runs T tokens, then one at a time; the
-  target's verify step T tokens only), and searched when search > 0; a prefill's pass of any width runs the kernels
-  chosen for passes of PREFILL_WIDTH (its widths are the powers of two up to it: one measurement for all), nothing
+  target's verify step T tokens only), and searched when search > 0; a prefill's pass of any width (the powers of two
+  up to PREFILL_WIDTH) runs the kernels chosen for passes of PREFILL_CHOICE, one measurement for all, nothing
   searched; a wider pass (a call of more tokens) runs tinygrad's kernels."""
   model, (name, T) = model_ref(), key[:2]
   prefill = name == GPT2.fill.__name__
   step = not prefill and T <= STEP_WIDTH
-  choices = choose_kernels(model, set(passes)) if step else \
-            choose_kernels(model, {PREFILL_WIDTH}, head=False) if prefill else ()
+  if step: choices, rule = choose_kernels(model, set(passes)), None
+  elif prefill: choices, rule = choose_kernels(model, {PREFILL_CHOICE}, head=False), lambda: widths_as(PREFILL_CHOICE)
+  else: choices, rule = (), tinygrad_kernels
   what = f"{name} of {T} token{'s' * (T > 1)} ({model.cfg.n_layer} layers x {model.cfg.n_embd})"
   stored = store.step_name(model, fn.func, key, search, choices)
-  rule = tinygrad_kernels if not (step or prefill) else functools.partial(widths_as, PREFILL_WIDTH) if prefill else None
   return Step(fn, search if step else 0, what, model, stored, rule, timed=step)
 
 def choose_kernels(model:GPT2, widths, head:bool=True) -> tuple:
@@ -199,4 +202,5 @@ def notice(what:str, progress=None, every:float=10.0):
     stop.set()
     if time.perf_counter() - t0 > every: say(f": done in {time.perf_counter() - t0:.0f} s")
 
-__all__ = ["apply", "Block", "engine_kernels", "half_pays", "Step", "STEP_WIDTH", "tinygrad_kernels"]
+__all__ = ["apply", "Block", "engine_kernels", "half_pays", "PREFILL_CHOICE", "Step", "STEP_WIDTH", "tinygrad_kernels",
+           "widths_as"]
