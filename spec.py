@@ -699,9 +699,10 @@ def parse_args(argv=None):
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
   ap.add_argument("--trace", metavar="FILE", help="write one JSON line per emitted token (id, text, source, index, q, "
                   "p)")
-  ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of weights, activations "
-                  "and KV cache (logits and sampling are float32); auto: float16 where a pass in half measures clearly "
-                  "faster on the device (GPUs, a CPU with F16C: half the bytes; timed once per machine), else float32")
+  ap.add_argument("--dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the target's "
+                  "weights, activations and KV cache (logits and sampling are float32); auto: float16 where a pass in "
+                  "half measures clearly faster on the device (GPUs, a CPU with F16C: half the bytes; timed once per "
+                  "machine), else float32")
   ap.add_argument("--draft-dtype", choices=["auto", *models.DTYPES], default="auto", help="precision of the draft "
                   "model, which moves only how often its tokens are accepted, never the output's distribution; auto: "
                   "float16 where half measures faster (as --dtype auto), else --dtype's")
