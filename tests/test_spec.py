@@ -227,14 +227,18 @@ def test_a_generation_whose_steps_are_warm_runs_no_warm_up_round(tiny_dir, monke
 
 def test_a_steps_kernels_are_chosen_for_the_widths_of_its_passes(tiny_dir, monkeypatch):
   """The engine chooses kernels for the passes a step runs: the target's verify step of K+1 tokens for K+1 only, the
-  draft's step for its first pass's width and one token (its later passes); the prefill's passes for none."""
+  draft's step for its first pass's width and one token (its later passes); the prefill's passes, whatever their
+  width, for PREFILL_CHOICE tokens, the lm_head left out."""
   calls, choose = [], models.engine.choose_kernels
-  monkeypatch.setattr(models.engine, "choose_kernels", lambda model, widths: calls.append((model, sorted(widths))) or
-                      choose(model, widths))
+  def chosen(model, widths, head=True):
+    calls.append((model, sorted(widths), head))
+    return choose(model, widths, head)
+  monkeypatch.setattr(models.engine, "choose_kernels", chosen)
   target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
   speculative_generate(target, draft, [5, 6, 7], 2, 8, eos=None)
-  assert [widths for model, widths in calls if model is target] == [[3]]
-  assert sorted(widths for model, widths in calls if model is draft) == [[1], [1, 2]]
+  prefill = ([models.engine.PREFILL_CHOICE], False)
+  assert sorted(call[1:] for call in calls if call[0] is target) == sorted([([3], True), prefill])
+  assert sorted(call[1:] for call in calls if call[0] is draft) == sorted([([1], True), ([1, 2], True), prefill])
 
 def test_t_target_is_timed_where_the_target_alone_runs(tiny_dir):
   """A draft model's rounds never run the target's one-token step: a speculative run neither compiles it nor reports
