@@ -10,7 +10,7 @@ from tinygrad.codegen import to_program_cache
 from tinygrad.helpers import GlobalCounters, NUM_CPU_THREADS
 import models, spec
 from models import GPT2, GPT2Config, engine
-from models.engine import attention, choice, device, lanes, linear, matvec, native, norm, replay, store
+from models.engine import attention, choice, device, internals, lanes, linear, matvec, native, norm, replay, store
 from models.engine.choice import CHOSEN, TINYGRAD, Way
 from conftest import ROOT, TINY, dtype, load, np_gpt2_logits, random_weights, shared_dir, tolerance, write_checkpoint
 
@@ -256,6 +256,11 @@ def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_di
 
 def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
 
+def lanes_prefetching() -> dict[str, bool]:
+  """Whether each compiled lanes kernel's source asks for its weight's next rows (__builtin_prefetch)."""
+  return {p.arg.name: "__builtin_prefetch" in p.src[2].arg for p in to_program_cache.values()
+          if p.arg.name.startswith("lanes_")}
+
 def lanes_rows_dtypes(T:int) -> set:
   """The dtypes of the rows (the second buffer) that the lanes kernels of T rows read."""
   programs = [p for p in to_program_cache.values() if p.arg.name.startswith("lanes") and p.arg.name.split("_")[-3] == str(T)]
@@ -267,22 +272,25 @@ def test_lanes_kernel_computes_the_matmul(T):
   """The lanes kernel in each layout is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x
   8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype. The kernel reads its rows in
   float32: where rows and weights were both half, clang converted and multiplied one element at a time."""
-  rng = np.random.default_rng(T)
+  rng, prefetches = np.random.default_rng(T), internals.runs_c_functions(Device.DEFAULT)
   for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
     x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
     expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
-    layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l)]
-    assert layouts == {(98, 48): ["row"], (64, 64): ["lanes", "four", "row", "wide"]}.get((N, C), list(lanes.LAYOUTS))
+    layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l, Device.DEFAULT)]
+    fitting = {(98, 48): ["row", "row_ahead"], (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead"]}
+    assert layouts == [l for l in fitting.get((N, C), lanes.LAYOUTS) if prefetches or not l.endswith("_ahead")]
     for layout, out in itertools.product(layouts, (None, dtypes.float32)):
       got = lanes.linear(x, w, out, layout)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (layout, out)
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
   assert lanes_rows_dtypes(T) == {dtypes.float32}
+  assert {name: name.split("_")[2] == "ahead" for name in lanes_programs()} == lanes_prefetching(), "prefetch: C only"
   assert not lanes.fits(98, 32) and not lanes.fits(96, 44) and lanes.fits(96, 40) and not lanes.fits(100, 64)
   assert lanes.fits(98, 32, "row") and not lanes.fits(96, 40, "row")
   assert lanes.fits(36, 16, "four") and not lanes.fits(38, 16, "four") and not lanes.fits(36, 8, "four")
   assert lanes.fits(98, 32, "wide") and not lanes.fits(98, 48, "wide")
+  assert lanes.fits(98, 32, "row_ahead") and lanes.fits(98, 32, "row_ahead", Device.DEFAULT) == prefetches
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [1, 3])
@@ -406,8 +414,9 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   lanes_, matvec_ = lambda layout: Way("lanes", layout), lambda option: Way("matvec", option)
-  costs = {TINYGRAD: 2.0, lanes_("lanes"): 1.5, lanes_("row"): 1.75, lanes_("wide"): 1.8, matvec_((64, 1)): 1.0,
-           matvec_((32, 1)): 0.5}
+  ahead = [lanes_("row_ahead"), lanes_("wide_ahead")] if internals.runs_c_functions(Device.DEFAULT) else []
+  costs = {TINYGRAD: 2.0, lanes_("lanes"): 1.5, lanes_("row"): 1.75, lanes_("wide"): 1.8, **dict.fromkeys(ahead, 1.9),
+           matvec_((64, 1)): 1.0, matvec_((32, 1)): 0.5}
   timed = []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
   def captured(fn, calls, before):
@@ -422,7 +431,8 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   fresh_choices(monkeypatch)
   assert linear.choose(3, weights, biases, dtypes.float32) == matvec_((32, 1)) and len(timed) == 2 * len(costs), \
     "measured again"
-  assert linear.ways(1, 24, 32)[:5] == [TINYGRAD, lanes_("lanes"), lanes_("row"), lanes_("wide"), matvec_((64, 1))]
+  assert linear.ways(1, 24, 32) == [TINYGRAD, lanes_("lanes"), lanes_("row"), lanes_("wide"), *ahead, matvec_((64, 1)),
+                                    matvec_((32, 1))]
   assert linear.ways(1, 36, 32)[:3] == [TINYGRAD, lanes_("four"), lanes_("row")], "four only where lanes does not fit"
   assert lanes_("lanes") not in linear.ways(1, 24, 36)
   lanes_ways = lambda T: [w for w in linear.ways(T, 24, 32) if w.kernel == "lanes"]
@@ -433,7 +443,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   assert linear.matvec_outpaced == {(3, dtypes.float32)}
   del timed[:]
   assert linear.choose(3, [Tensor.empty(56, 64)], None, dtypes.float32) == lanes_("lanes")
-  layouts = [lanes_(layout) for layout in lanes.LAYOUTS if layout != "four"]
+  layouts = [lanes_(layout) for layout in lanes.LAYOUTS if layout != "four" and lanes.fits(56, 64, layout, Device.DEFAULT)]
   assert [w for w, _ in timed] == [TINYGRAD, *layouts]
   del timed[:]
   linear.choose(1, [Tensor.empty(56, 64)], None, dtypes.float32)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import contextlib, dataclasses, os
 from tinygrad import UOp, Device, Context, dtypes
 # the kernel language of Tensor.custom_kernel: a kernel's axes (AxisType), its name and fixed options (KernelInfo, Opt,
-# OptOps) and the operations its UOps reduce by (Ops)
+# OptOps), the operations its UOps reduce by or render as code (Ops), a register's address space (AddrSpace)
 from tinygrad.codegen.opt import Opt, OptOps
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+from tinygrad.uop.ops import AddrSpace, AxisType, KernelInfo, Ops
 # tinygrad's disk cache: its folder holds the measured choices and the stored steps too, CACHELEVEL=0 keeps none
 from tinygrad.helpers import BEAM, CACHEDB, CACHELEVEL, JIT, NUM_CPU_THREADS, ContextVar
 # the settings that shape a compiled program: a stored step's name holds them
@@ -21,7 +21,7 @@ from tinygrad.nn.state import get_state_dict
 from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
 from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
 
-__all__ = ["AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
+__all__ = ["AddrSpace", "AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
            "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner", "has_half",
            "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target",
            "threads_in_kernels", "work_groups", "writes_any"]

@@ -10,13 +10,17 @@ from __future__ import annotations
 import functools, math
 from tinygrad import Tensor, UOp, dtypes
 from models.engine.device import core_splits, row_chunk, split_opts
-from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
+from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, OptOps, runs_c_functions
 
-# a layout: (outputs at a time, partial sums per output, groups of those at a time): "lanes" reads 8 rows of the weight
-# at once, "four" 4, "row" and "wide" one after another, "wide" into four float4 sums that do not wait on each other.
-# clang's code for each is fastest for some shapes and widths, by up to 2.5x (docs/engine.md), so linear.choose()
-# measures them; two groups at a time run as fast as eight and lower in a third of tinygrad's time
-LAYOUTS = {"lanes": (8, 4, 2), "four": (4, 4, 4), "row": (1, 8, 2), "wide": (1, 16, 2)}
+# a layout: (outputs at a time, partial sums per output, groups of those at a time, bytes of the weight prefetched
+# ahead): "lanes" reads 8 rows of the weight at once, "four" 4, "row" and "wide" one after another, "wide" into four
+# float4 sums that do not wait on each other. clang's code for each is fastest for some shapes and widths, by up to 2.5x
+# (docs/engine.md), so linear.choose() measures them; two groups at a time run as fast as eight and lower in a third of
+# tinygrad's time. "row ahead" and "wide ahead" ask for the weight's rows AHEAD bytes on before each row (C only): one
+# core's stream from memory waits on it less, up to 2x for a few rows (docs/engine.md)
+AHEAD = 4096
+LAYOUTS = {"lanes": (8, 4, 2, 0), "four": (4, 4, 4, 0), "row": (1, 8, 2, 0), "wide": (1, 16, 2, 0),
+           "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD)}
 
 def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T in dtype (default x's), accumulated in float32."""
@@ -28,9 +32,10 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   and groups at a time, the outputs split into `threads` parts, each a core's (tinygrad's heuristics give a kernel
   with fixed options none)."""
   (T, N, L), G = out.shape, x.shape[1] // out.shape[2]
-  outputs, _, groups = LAYOUTS[layout]
+  outputs, _, groups, ahead = LAYOUTS[layout]
   chunk = row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
+  if ahead: x = x.after(prefetch(w, n, ahead))   # before the row's sums: they read x
   ti, lane = UOp.range(chunk, 2, AxisType.UPCAST), UOp.range(L, 3, AxisType.UPCAST)
   g = UOp.range(G, 4, AxisType.REDUCE)
   t, k = tc * chunk + ti, g * L + lane
@@ -40,9 +45,20 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + split_opts(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
-def fits(N:int, C:int, layout:str="lanes") -> bool:
-  outputs, lanes, groups = LAYOUTS[layout]
-  return N % outputs == 0 and C % (groups * lanes) == 0
+def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
+  """A statement that asks for the rows of w (N, C) that start `ahead` bytes after row n (the last row at the end), each
+  of its cache lines: a store of 0 into a register, clang's __builtin_prefetch calls in its value (a kernel's
+  statements are stores; the register is never read)."""
+  (N, C), size = w.shape, w.dtype.itemsize
+  row = (n + max(1, ahead // (C * size))).minimum(N - 1)
+  calls = "".join(f"__builtin_prefetch({{0}}+{i}), " for i in range(0, C, 64 // size))
+  register = UOp.placeholder((1,), dtypes.int32, slot=99, addrspace=AddrSpace.REG)
+  return register[0].store(UOp(Ops.CUSTOMI, dtypes.int32, (w[row, 0],), f"({calls}0)"))
+
+def fits(N:int, C:int, layout:str="lanes", device:str|None=None) -> bool:
+  """Whether the layout computes N outputs of C inputs (on the device, where given: a prefetch needs C)."""
+  outputs, lanes, groups, ahead = LAYOUTS[layout]
+  return N % outputs == 0 and C % (groups * lanes) == 0 and not (ahead and device and not runs_c_functions(device))
 
 def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
   """out[t, n] = GELU(sum_l part[t, n, l] + bias[n]), float32 inside: the lanes kernel's sums finished with the bias
@@ -58,7 +74,7 @@ def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
 def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=None, gelu:bool=False) -> Tensor:
   """formula(x, w, dtype) (+ b, then GELU, where given) by the lanes kernel in this layout."""
   *B, C = x.shape
-  (T, N), (outputs, lanes, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
+  (T, N), (outputs, lanes, _, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
   kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
   # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)

@@ -6,7 +6,7 @@ all in the matvec kernel where it runs, in tinygrad's operations elsewhere.
 from __future__ import annotations
 import functools, math
 from typing import NamedTuple
-from tinygrad import Tensor, dtypes
+from tinygrad import Device, Tensor, dtypes
 from models.engine import choice, lanes, matvec, norm
 from models.engine.choice import CHOSEN, PRUNE, TINYGRAD, Way, captured, enough, fastest
 
@@ -62,7 +62,8 @@ def ways(T:int, N:int, C:int) -> list[Way]:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first. The lanes kernel's "four" layout only where
   "lanes" does not fit: "lanes" at half the outputs, it never measured ahead of the others where both fit, and a first
   run compiles one kernel less a layer (docs/engine.md)."""
-  fit = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout) and (T <= PREFILL_ROWS or layout == "row")]
+  fit = [layout for layout in lanes.LAYOUTS
+         if lanes.fits(N, C, layout, Device.DEFAULT) and (T <= PREFILL_ROWS or layout == "row")]
   layouts = [Way("lanes", layout) for layout in fit if layout != "four" or "lanes" not in fit]
   return [TINYGRAD] + layouts + ([Way("matvec", o) for o in matvec.options(N, C)] if matvec.fits(N, C) else [])
 
