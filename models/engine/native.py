@@ -211,15 +211,16 @@ def graphs(captured) -> list[Native]:
 
 def choose(captured, run, name:str) -> bool|None:
   """Whether a step's batches run natively: the faster of the runner and replay.py, each timed on run() (a call of the
-  step, each way twice in turn, the faster of its two kept; its outputs from its first), once per machine and step
-  (name: store.step_name()); None where none is Native.
+  step, each way 1 + choice.ROUNDS times in turn, its fastest kept: a runner's first call wakes its threads, and one
+  burst of other work in its second chose replay.py; its outputs from its first), once per machine and step (name:
+  store.step_name()); None where none is Native.
   The runner runs the step's own kernels: its outputs must be replay.py's to the bit, else replay.py runs it, and one
   line says so. Batches that do not fit the runner (`fits`) are replayed whatever is chosen."""
   if not (batches := graphs(captured)): return None
   disk = choice.machine_key("native", name, source(), choice.sources(__name__), internals.cpu_threads())
   if (way := choice.cached("spec_native", disk)) is None:
     seconds, outputs = {False: [], True: []}, {}
-    for way in (False, True, False, True):
+    for way in (False, True) * (1 + choice.ROUNDS):
       for g in batches: g.native = way and g.fits
       cost, ret = timed(run)
       seconds[way].append(cost)
