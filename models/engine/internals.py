@@ -21,9 +21,9 @@ from tinygrad.nn.state import get_state_dict
 from tinygrad.engine.jit import GraphRunner, _prepare_jit_inputs
 from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolve_params
 
-__all__ = ["AddrSpace", "AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry", "cache_folder",
-           "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner", "has_half",
-           "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target",
+__all__ = ["AddrSpace", "AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry",
+           "cache_folder", "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner",
+           "has_half", "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target",
            "threads_in_kernels", "work_groups", "writes_any"]
 
 # ***** the device *****

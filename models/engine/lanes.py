@@ -46,13 +46,13 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
 def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
-  """A statement that asks for the rows of w (N, C) that start `ahead` bytes after row n (the last row at the end), each
-  of its cache lines: a store of 0 into a register, clang's __builtin_prefetch calls in its value (a kernel's
-  statements are stores; the register is never read)."""
+  """A statement that asks for the row of w (N, C) about `ahead` bytes after row n (the next at least, the last at the
+  end), each of its cache lines: a store of 0 into a register, clang's __builtin_prefetch calls in its value (a
+  kernel's statements are stores; the register is never read)."""
   (N, C), size = w.shape, w.dtype.itemsize
   row = (n + max(1, ahead // (C * size))).minimum(N - 1)
   calls = "".join(f"__builtin_prefetch({{0}}+{i}), " for i in range(0, C, 64 // size))
-  register = UOp.placeholder((1,), dtypes.int32, slot=99, addrspace=AddrSpace.REG)
+  register = UOp.placeholder((1,), dtypes.int32, slot=99, addrspace=AddrSpace.REG)   # the sums' registers count from 0
   return register[0].store(UOp(Ops.CUSTOMI, dtypes.int32, (w[row, 0],), f"({calls}0)"))
 
 def fits(N:int, C:int, layout:str="lanes", device:str|None=None) -> bool:
