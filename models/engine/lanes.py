@@ -16,8 +16,8 @@ from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, O
 # ahead): "lanes" reads 8 rows of the weight at once, "four" 4, "row" and "wide" one after another, "wide" into four
 # float4 sums that do not wait on each other. clang's code for each is fastest for some shapes and widths, by up to 2.5x
 # (docs/engine.md), so linear.choose() measures them; two groups at a time run as fast as eight and lower in a third of
-# tinygrad's time. "row ahead" and "wide ahead" ask for the weight's rows AHEAD bytes on before each row (C only): one
-# core's stream from memory waits on it less, up to 2x for a few rows (docs/engine.md)
+# tinygrad's time. "row_ahead" and "wide_ahead" first ask for the weight's row AHEAD bytes on (C only): a core
+# streaming a weight from memory waits on it less (docs/engine.md)
 AHEAD = 4096
 LAYOUTS = {"lanes": (8, 4, 2, 0), "four": (4, 4, 4, 0), "row": (1, 8, 2, 0), "wide": (1, 16, 2, 0),
            "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD)}
