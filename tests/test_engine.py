@@ -448,7 +448,8 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   assert linear.matvec_outpaced == {(3, dtypes.float32)}
   del timed[:]
   assert linear.choose(3, [Tensor.empty(56, 64)], None, dtypes.float32) == lanes_("lanes")
-  layouts = [lanes_(layout) for layout in lanes.LAYOUTS if layout != "four" and lanes.fits(56, 64, layout, Device.DEFAULT)]
+  layouts = [lanes_(layout) for layout in lanes.LAYOUTS
+             if layout != "four" and lanes.fits(56, 64, layout, Device.DEFAULT)]
   assert [w for w, _ in timed] == [TINYGRAD, *layouts]
   del timed[:]
   linear.choose(1, [Tensor.empty(56, 64)], None, dtypes.float32)

@@ -85,8 +85,8 @@ def choose_kernels(model:GPT2, widths, head:bool=True) -> tuple:
            ([b.attn.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True)),
            ([b.mlp.c_fc for b in blocks], dict(x_dtype=stream, dtype=f32, lns=[b.ln_2 for b in blocks], gelu=True)),
            ([b.mlp.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True))]
-  groups = [([l.weight for l in role], [l.bias for l in role], form) for role, form in roles] + \
-           [([model.wte.weight], None, dict(x_dtype=stream, dtype=f32))] * head   # the lm_head (linear.head())
+  groups = [([l.weight for l in role], [l.bias for l in role], form) for role, form in roles]
+  if head: groups.append(([model.wte.weight], None, dict(x_dtype=stream, dtype=f32)))   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \
          "tokens"
   # the norms first: a linear layer's choice times the layer norm before it as a block runs it

@@ -58,7 +58,8 @@ def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
 def fits(N:int, C:int, layout:str="lanes", device:str|None=None) -> bool:
   """Whether the layout computes N outputs of C inputs (on the device, where given: a prefetch needs C)."""
   outputs, lanes, groups, ahead = LAYOUTS[layout]
-  return N % outputs == 0 and C % (groups * lanes) == 0 and not (ahead and device and not runs_c_functions(device))
+  if ahead and device is not None and not runs_c_functions(device): return False
+  return N % outputs == 0 and C % (groups * lanes) == 0
 
 def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
   """out[t, n] = GELU(sum_l part[t, n, l] + bias[n]), float32 inside: the lanes kernel's sums finished with the bias
