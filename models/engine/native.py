@@ -4,10 +4,11 @@ kernel's thread splits shared among the cores.
 replay.py's graph still calls each kernel from Python (a few microseconds each), and tinygrad's CPU backend runs a
 kernel's thread splits one after another on one core. Here the step's kernels become a table of commands (the kernel's
 address, its arguments, its thread splits), prepared at capture; a call writes what changes (the input buffers' and the
-variables' values) into the table and makes one call into the runner, which walks the table on every core: the
-thread splits of a kernel shared among them, a barrier where a kernel's threads change, a kernel without splits on the
-calling thread. The runner is compiled once per machine (tinygrad's disk cache); its kernels are the step's own, as
-tinygrad compiled them, so its outputs are its executor's to the bit. Whether it is faster than replay.py is measured
+variables' values) into the table and makes one call into the runner, which walks the table on every core: each
+thread claims a kernel's splits until none is left and waits until all are done before the next kernel, so a thread
+that has not woken (or was descheduled) is not waited for: the others take its splits. The runner is compiled once per
+machine (tinygrad's disk cache); its kernels are the step's own, as tinygrad compiled them, so its outputs are its
+executor's to the bit. Whether it is faster than replay.py is measured
 per step (choose()); a prefill's pass runs on it untimed.
 """
 from __future__ import annotations
@@ -19,14 +20,15 @@ from models.engine.device import say, why
 from models.engine.replay import LOCK, Replay
 from models.timing import timed
 
-MAX_ARGS, HEADER = 63, 4   # tinygrad's CPU programs take at most 63 arguments; a command's words before them
-SPIN_US = 200   # how long the runner's threads wait for the next step or barrier before they sleep or yield
+MAX_ARGS, HEADER = 63, 6   # tinygrad's CPU programs take at most 63 arguments; a command's words before them
+SPIN_US = 200   # how long the runner's threads wait for the next step or a kernel's splits before they sleep or yield
 WORD = 2**64 - 1   # a variable's value as a 64-bit word, as tinygrad passes it (ctypes.c_uint64 wraps a negative one)
 
 def source(max_args:int=MAX_ARGS) -> str:
-  """The runner in C: run(table, commands) walks a table of commands, each [kernel, arguments n, thread splits, the
-  argument slot of the split's index (-1: none), arguments...], on threads() threads; a kernel's splits are shared
-  among them, a barrier follows a command where the threads that run the next one change."""
+  """The runner in C: run(table) walks a table of commands (its first word their number), each [kernel, arguments n,
+  thread splits, the argument slot of the split's index (-1: none), splits claimed, splits done, arguments...], on
+  threads() threads: each thread claims a command's splits until none is left, then waits until all are done. A thread
+  that has not woken is not waited for: the others take its splits."""
   def case(n:int) -> str:
     types, args = ", ".join(["u64"] * n) or "void", ", ".join(f"a[{i}]" for i in range(n))
     return f"    case {n}: ((void(*)({types}))f)({args}); break;"
@@ -50,39 +52,32 @@ static void call(u64 f, int n, const u64 *a) {{
     default: abort();   /* never: a table holds at most max_args arguments a command (Native) */
   }}
 }}
-static const u64 *table; static int count, threads = 1, started; static pid_t owner;
-static atomic_int generation, arrived, phase;
+static u64 *_Atomic table; static int threads = 1, started; static pid_t owner;
+static atomic_uint generation, finished, inside;
 static pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER; static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static u64 now_us(void) {{
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000ull + t.tv_nsec / 1000;
 }}
-static void barrier(int *my_phase) {{
-  *my_phase = !*my_phase;
-  if (atomic_fetch_add(&arrived, 1) == threads - 1) {{   /* the last to arrive releases the others */
-    atomic_store(&arrived, 0); atomic_store(&phase, *my_phase); return;
-  }}
-  u64 start = now_us();
-  for (unsigned i = 1; atomic_load_explicit(&phase, memory_order_acquire) != *my_phase; i++)
-    if (!(i & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
-}}
-static void walk(const u64 *c, int commands, int tid, int *my_phase) {{
-  for (int i = 0; i < commands; i++) {{
-    int n = (int)c[1], splits = (int)c[2], slot = (int)(int64_t)c[3];
-    const u64 *a = c + {HEADER};
-    if (slot < 0) {{ if (tid == 0) call(c[0], n, a); }}
-    else {{
-      u64 args[{max_args + 1}];
-      memcpy(args, a, n * sizeof(u64));
-      for (int s = tid; s < splits; s += threads) {{ args[slot] = (u64)s; call(c[0], n, args); }}
+static void walk(u64 *t) {{
+  u64 *c = t + 1;
+  for (u64 i = 0; i < t[0]; i++) {{
+    int n = (int)c[1], slot = (int)(int64_t)c[3];
+    u64 splits = c[2], s, args[{max_args + 1}];
+    _Atomic u64 *claimed = (_Atomic u64 *)&c[4], *done = (_Atomic u64 *)&c[5];
+    while ((s = atomic_fetch_add(claimed, 1)) < splits) {{
+      memcpy(args, c + {HEADER}, n * sizeof(u64));
+      if (slot >= 0) args[slot] = s;
+      call(c[0], n, args);
+      atomic_fetch_add(done, 1);
     }}
-    int here = slot < 0 ? 1 : (splits < threads ? splits : threads);
+    u64 start = now_us();   /* the next command reads what this one's splits write */
+    for (unsigned k = 1; atomic_load(done) < splits; k++)
+      if (!(k & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
     c += {HEADER} + n;
-    int next = i + 1 == commands ? threads : ((int64_t)c[3] < 0 ? 1 : ((int)c[2] < threads ? (int)c[2] : threads));
-    if (here > 1 || next > 1) barrier(my_phase);
   }}
 }}
 static void *worker(void *arg) {{
-  int tid = (int)(intptr_t)arg, my_phase = 0, seen = 0;
+  unsigned seen = 0;
 #ifdef __linux__
   prctl(PR_SET_NAME, "spec-native");   /* the name ps, top and the tests see */
 #endif
@@ -95,17 +90,18 @@ static void *worker(void *arg) {{
         pthread_mutex_unlock(&mutex);
       }}
     seen = atomic_load(&generation);
-    walk(table, count, tid, &my_phase);
+    atomic_fetch_add(&inside, 1);   /* a run that finished before this thread woke is left alone */
+    if (atomic_load(&finished) != seen) walk(atomic_load(&table));
+    atomic_fetch_sub(&inside, 1);
   }}
   return 0;
 }}
-static int caller_phase;
 int start(int n) {{
   if (started && owner == getpid()) return threads;
   /* a first call, or in a forked child: the parent's threads are not here, and its mutex may have been held */
   pthread_mutex_init(&mutex, 0); pthread_cond_init(&wake, 0);
-  threads = n < 1 ? 1 : n; started = 1; owner = getpid(); caller_phase = 0;
-  atomic_store(&generation, 0); atomic_store(&arrived, 0); atomic_store(&phase, 0);
+  threads = n < 1 ? 1 : n; started = 1; owner = getpid();
+  atomic_store(&generation, 0); atomic_store(&finished, 0); atomic_store(&inside, 0);
   /* the threads block every signal (they inherit the mask) but a fault's own: Python handles a signal only on its main
      thread, and one caught on another thread waits until that thread notices it; a fault (a kernel's bad address) is
      the faulting thread's, where Python's fault handler reports it */
@@ -122,16 +118,22 @@ int start(int n) {{
   pthread_sigmask(SIG_SETMASK, &old, 0);
   return threads;
 }}
-void run(const u64 *t, int n) {{
+void run(u64 *t) {{
   if (owner != getpid()) start(threads);
-  table = t; count = n;
+  u64 *c = t + 1;
+  for (u64 i = 0; i < t[0]; i++) {{ c[4] = c[5] = 0; c += {HEADER} + c[1]; }}   /* no other thread is in a walk */
   if (threads > 1) {{
+    atomic_store(&table, t);
     pthread_mutex_lock(&mutex);
     atomic_fetch_add(&generation, 1);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&mutex);
   }}
-  walk(t, n, 0, &caller_phase);
+  walk(t);
+  if (threads > 1) {{
+    atomic_store(&finished, atomic_load(&generation));
+    while (atomic_load(&inside)) sched_yield();   /* a thread still in the walk reads the table: wait till it leaves */
+  }}
 }}
 """
 
@@ -154,7 +156,7 @@ def runner():
                        check=True, capture_output=True)
         os.replace(out, lib)
     _runner = ctypes.CDLL(str(lib))
-    _runner.run.argtypes, _runner.run.restype = [ctypes.c_void_p, ctypes.c_int], None
+    _runner.run.argtypes, _runner.run.restype = [ctypes.c_void_p], None
     _runner.start.argtypes, _runner.start.restype = [ctypes.c_int], ctypes.c_int
     _runner.start(internals.cpu_threads())
   return _runner
@@ -177,12 +179,13 @@ class Native(Replay):
   native = True
   def __init__(self, linear, input_uops=()):
     super().__init__(linear, input_uops)
-    words, self.base = [], []
+    words, self.base = [len(self.launches)], []
     for program, bufs, (global_size, _), vals in self.launches:
       self.base.append(len(words) + HEADER)
       address, split_slot = internals.c_entry(program)
       args = [internals.address(b) for b in bufs] + [(v or 0) & WORD for v in vals]   # the split's index: the runner's
-      words += [address, len(args), global_size[0], split_slot & WORD, *args]
+      splits = global_size[0] if split_slot >= 0 else 1
+      words += [address, len(args), splits, split_slot & WORD, 0, 0, *args]   # 0, 0: splits claimed and done
     self.fits = all(len(bufs) + len(vals) <= MAX_ARGS for _, bufs, _, vals in self.launches)
     if not self.fits: self.native = False
     self.table = np.array(words, dtype=np.uint64)
@@ -202,7 +205,7 @@ class Native(Replay):
         values = np.array([v & WORD for v in self.values(var_vals)], dtype=np.uint64)
         self.table[self.var_slots] = values[self.var_index]
       t0 = time.perf_counter()
-      self.lib.run(self.ptr, len(self.launches))   # returns when every kernel has run
+      self.lib.run(self.ptr)   # returns when every kernel has run
       return time.perf_counter() - t0 if wait else None
 
 def graphs(captured) -> list[Native]:
