@@ -87,8 +87,10 @@ def test_steps_replay_their_kernels_as_tinygrads_executor_runs_them(tiny_dir, mo
 def test_a_step_called_again_on_its_inputs_skips_tinygrads_jit(tiny_dir, monkeypatch):
   """A captured step called again on the same input Tensors runs its replay batches directly (replay.Shortcut), not
   through TinyJit's call, and computes what TinyJit's call computes to the bit as the bound position moves; new input
-  Tensors go through TinyJit once, then have a shortcut of their own, and the first ones keep theirs. A call on the
-  same Tensors without the bound position fails as TinyJit's does: a shortcut never replays another call's values."""
+  Tensors go through TinyJit once, then have a shortcut of their own, and the first ones keep theirs (on native.py's
+  runner, which writes the inputs' addresses into its table only for another list of them, and on replay.py). A call
+  on the same Tensors without the bound position fails as TinyJit's does: a shortcut never replays another call's
+  values."""
   from tinygrad.engine.jit import _TinyJit
   seq = [int(t) for t in np.random.default_rng(5).integers(0, 64, 12)]
   entered, plain_call = [], _TinyJit.__call__
@@ -105,17 +107,23 @@ def test_a_step_called_again_on_its_inputs_skips_tinygrads_jit(tiny_dir, monkeyp
       entered.append(False)
       out.append(step(model, xs[i], model.positions.bind(pos)).numpy())
     return out, list(entered)
-  got, through_jit = run()
-  assert through_jit == [True, False, False, True, False, False, False]
-  model = load(tiny_dir / "target")
-  step, x = model.jit(GPT2.forward, 1), Tensor([[seq[4]]], dtype=dtypes.int32).realize()
-  for pos in (8, 9, 9): step(model, x, model.positions.bind(pos))
-  with pytest.raises(Exception, match="start_pos"): step(model, x, 5)   # as TinyJit refuses it, never at 9
-  monkeypatch.setattr(replay, "shortcut", lambda captured, args: None)
-  expected, through_jit = run()
-  assert all(through_jit)
-  for a, b in zip(got, expected): np.testing.assert_array_equal(a, b)
-  assert len({a.tobytes() for a in got}) == len(got), "the same logits at another position"
+  ways = {}
+  for way in [True, False] if native.fits(Device.DEFAULT) else [None]:
+    if way is not None: runner_way(monkeypatch, way)
+    with monkeypatch.context() as patched:
+      got, through_jit = run()
+      assert through_jit == [True, False, False, True, False, False, False]
+      model = load(tiny_dir / "target")
+      step, x = model.jit(GPT2.forward, 1), Tensor([[seq[4]]], dtype=dtypes.int32).realize()
+      for pos in (8, 9, 9): step(model, x, model.positions.bind(pos))
+      with pytest.raises(Exception, match="start_pos"): step(model, x, 5)   # as TinyJit refuses it, never at 9
+      patched.setattr(replay, "shortcut", lambda captured, args: None)
+      expected, through_jit = run()
+    assert all(through_jit)
+    for a, b in zip(got, expected): np.testing.assert_array_equal(a, b, err_msg=f"runner: {way}")
+    assert len({a.tobytes() for a in got}) == len(got), "the same logits at another position"
+    ways[way] = got
+  for a, b in zip(*ways.values()): np.testing.assert_array_equal(a, b, err_msg="the runner's against replay.py's")
 
 def test_a_step_runs_natively_where_the_runner_measures_faster(monkeypatch, disk, capfd):
   """native.choose() times a step by both ways (its batches run by the runner, or as replay.py replays them) and keeps
