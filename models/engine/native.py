@@ -8,8 +8,8 @@ variables' values) into the table and makes one call into the runner, which walk
 thread claims a kernel's splits until none is left and waits until all are done before the next kernel, so a thread
 that has not woken (or was descheduled) is not waited for: the others take its splits. The runner is compiled once per
 machine (tinygrad's disk cache); its kernels are the step's own, as tinygrad compiled them, so its outputs are its
-executor's to the bit. Whether it is faster than replay.py is measured
-per step (choose()); a prefill's pass runs on it untimed.
+executor's to the bit. Whether it is faster than replay.py is measured per step (choose()); a prefill's pass runs on it
+untimed.
 """
 from __future__ import annotations
 import ctypes, functools, hashlib, os, pathlib, platform, subprocess, sys, tempfile, time
@@ -70,9 +70,11 @@ static void walk(u64 *t) {{
       call(c[0], n, args);
       atomic_fetch_add(done, 1);
     }}
-    u64 start = now_us();   /* the next command reads what this one's splits write */
-    for (unsigned k = 1; atomic_load(done) < splits; k++)
-      if (!(k & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
+    if (atomic_load(done) < splits) {{   /* the next command reads what this one's splits write */
+      u64 start = now_us();
+      for (unsigned k = 1; atomic_load(done) < splits; k++)
+        if (!(k & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
+    }}
     c += {HEADER} + n;
   }}
 }}
@@ -197,7 +199,7 @@ class Native(Replay):
 
   def __call__(self, input_uops, var_vals, wait=False) -> float|None:
     if not self.native or self.sizes_vary: return super().__call__(input_uops, var_vals, wait)
-    with LOCK:   # the runner's table, threads and barrier are the process's: one step at a time
+    with LOCK:   # the runner's table and threads are the process's: one step at a time
       if input_uops is not self.inputs_written:   # a shortcut passes its own list, of the same buffers, every call
         for j in self.reading_inputs:
           handles = self.handles_of(j, input_uops)
