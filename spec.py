@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse, codecs, collections, json, math, os, statistics, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, TinyJit, UOp, dtypes
+from tinygrad import Tensor, UOp, dtypes
 import models
 from models import EOT, GPT2, vocab_width
 from models.timing import best_seconds, synchronize
@@ -66,7 +66,7 @@ def generate(drafter:Drafter, verifier:Verifier, prompt_tokens:list[int], K:int|
     # 2. q at all k+1 positions in one target pass, 3. keep a prefix, draw the next token: the round's one host read
     # (the target's cache rolls back by position, as the draft's). Nothing waits in between: Python enqueues the
     # verify step while the draft's last step runs.
-    drafted = block.shape[1] - 1                                         # drafted < k: prompt lookup found less
+    drafted = width(block) - 1                                           # drafted < k: prompt lookup found less
     packed = verifier(block, p, len(tokens) - 1, nonce=2 * stats.rounds + 1)
     outcome = Round.read(verifier.target.read(packed), drafted, stats)
     events = outcome.events()
@@ -195,8 +195,7 @@ def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, warping:tuple, *unseen
       x = sample(ps[-1], u[t:t+1])                                          # x~_t+1 ~ p
     drafted.append(x.realize())                           # realized: the next step reads it, not recomputes it
     pos, tokens = pos + tokens.shape[1], drafted[-1].reshape(1, 1)
-  # the block flat, then viewed as (1, K+1): device_tokens()'s layout, so greedy model drafts and prompt lookup (both
-  # one-hot) share the target's compiled verify step
+  # the block flat, then viewed as (1, K+1), as the target's verify step takes it
   block = unseen[0, -1:].cat(*drafted).realize().reshape(1, K + 1)
   return block, None if greedy else Tensor.cat(*ps).realize()
 
@@ -269,6 +268,11 @@ def target_verify(target:GPT2, block:Tensor, start_pos, p:Tensor|None, key:Tenso
   """Steps 2 and 3 in one JIT call: the target's pass over block, then verify()."""
   return verify(padded(target.forward(block, start_pos)), p, block, key, nonce, warping, **static)
 
+def target_verify_ids(target:GPT2, start_pos, key:Tensor, nonce:UOp, warping:tuple, *ids:UOp, **static) -> Tensor:
+  """target_verify() of a block the host made (prompt lookup's, the baseline's one token), its ids bound variables
+  (they reach the step without a copy or kernel of their own: token_variables()), p one-hot on it."""
+  return target_verify(target, token_tensor(ids), start_pos, None, key, nonce, warping, one_hot=True, **static)
+
 def padded(logits:Tensor) -> Tensor:
   """logits (N, V) -> (N, vocab_width(V)), the added tokens impossible (logit -inf: probability 0 under every warp), as
   the lm_head's rows are padded: tinygrad runs a round's passes over a multiple of 64 columns much faster."""
@@ -282,8 +286,9 @@ class Drafter(Protocol):
   one_hot: bool                                    # propose() returns p = None: one-hot on the block
   model: GPT2|None                                 # the draft model, if any: a round's cost depends on it
   def reset(self, tokens:list[int]) -> None: ...   # a new sequence; the last token, x_n, is not consumed yet
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
-    """The block [x_n, x~_1..x~_k] (1, k+1) on the device, k <= K, and p (k, V); None: p is one-hot on the block."""
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor|list[int], Tensor|None]:
+    """The block [x_n, x~_1..x~_k], k <= K: (1, k+1) on the device (a model's), or the ids where the host has them;
+    and p (k, V); None: p is one-hot on the block."""
   def warm(self, K:int) -> bool: ...               # its compiled steps for K are warm (warm())
 
 class ModelDraft:
@@ -319,9 +324,9 @@ class PromptLookup:
       raise ValueError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]:
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[list[int], None]:
     """The block [x_n, lookup(tokens, K)]: k = K tokens or, without a match, none (the round is a target step)."""
-    return device_tokens(tokens[-1:] + self.lookup(tokens, K)), None
+    return tokens[-1:] + self.lookup(tokens, K), None
   def lookup(self, tokens:list[int], K:int) -> list[int]:
     """K tokens, or none when the context's last ngram_min tokens never occurred before. A match close to the end runs
     into the proposal itself: copying on from it continues the repetition (period = distance to the match)."""
@@ -337,21 +342,26 @@ class NoDraft:
   kind, one_hot, model = "", True, None
   def reset(self, tokens:list[int]): pass
   def warm(self, K:int) -> bool: return True
-  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, None]: return device_tokens(tokens[-1:]), None
+  def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[list[int], None]: return tokens[-1:], None
 
 class Verifier:
-  """Steps 2 and 3: the target's pass over the block, then verify() by the rule: one JIT call (target_verify()) per
-  width; a one-hot p (prompt lookup, a greedy draft) is built inside the same call."""
+  """Steps 2 and 3: the target's pass over the block, then verify() by the rule: one JIT call per width
+  (target_verify(); target_verify_ids() for the host's ids); a one-hot p (prompt lookup, a greedy draft) is built
+  inside the same call."""
   def __init__(self, target:GPT2, sampling:Sampling, key:Tensor, rule:str):
     self.target, self.key, self.warping, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
-  def __call__(self, block:Tensor, p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    step = self.step(block.shape[1], p is None)
-    return call(step, self.target, block, self.target.positions.bind(start_pos), p, self.key, NONCE.bind(nonce),
-                self.warping)
-  def step(self, T:int, one_hot:bool): return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
-  def warm(self, K:int, one_hot:bool, empty_rounds:bool=False) -> bool:  # empty_rounds: some propose nothing
-    return all(warm(self.step(k + 1, one_hot)) for k in ((0, K) if empty_rounds else (K,)))
+  def __call__(self, block:Tensor|list[int], p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
+    positions, stream = self.target.positions.bind(start_pos), NONCE.bind(nonce)
+    if isinstance(block, list):   # the host's ids (prompt lookup, none): bound variables, without a kernel of their own
+      return call(self.step(len(block), True, ids=True), self.target, positions, self.key, stream, self.warping,
+                  *token_variables(block))
+    return call(self.step(block.shape[1], p is None), self.target, block, positions, p, self.key, stream, self.warping)
+  def step(self, T:int, one_hot:bool, ids:bool=False):
+    if ids: return self.target.jit(target_verify_ids, T, **self.static)
+    return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
+  def warm(self, K:int, one_hot:bool, ids:bool=False) -> bool:  # the host's ids: some rounds propose none (lookup)
+    return all(warm(self.step(k + 1, one_hot, ids)) for k in ((0, K) if ids else (K,)))
 
 # ***** 4. the device primitives: argmax, a top-k/top-p threshold, multinomial sampling, random draws *****
 # A port writes these as its framework's argmax, sort-and-cumsum (or top-k) threshold and multinomial draw. Here each is
@@ -440,17 +450,9 @@ NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
-_token_writers: dict[int, tuple[Tensor, TinyJit]] = {}
-def device_tokens(tokens:list[int]) -> Tensor:
-  """The few tokens a step feeds in, as a (1, w) int32 Tensor on the device, built by a compiled kernel per width from
-  bound variables: Tensor(list) schedules a new host-to-device copy on every call. Its buffer is rewritten by the next
-  call of the same width."""
-  w = len(tokens)
-  if w not in _token_writers:  # zeros: a realized input, so that the JIT has a kernel to capture and owns its output
-    build = lambda zeros, *ids: (zeros + token_tensor(ids)).realize()
-    _token_writers[w] = Tensor.zeros(1, w, dtype=dtypes.int32).contiguous().realize(), TinyJit(build)
-  zeros, build = _token_writers[w]
-  return build(zeros, *token_variables(tokens))
+def width(block:Tensor|list[int]) -> int:
+  """The tokens in a block, on the device (1, w) or the host's ids."""
+  return len(block) if isinstance(block, list) else block.shape[1]
 
 def token_variables(tokens:list[int]) -> list[UOp]:
   """Token ids as bound variables: a new value reaches a compiled step without a copy, and nothing recompiles."""
@@ -490,7 +492,7 @@ def warm_up(drafter:Drafter, verifier:Verifier, lookaheads, token:int) -> None:
   draft model's catch-up after a full accept; prompt lookup without and with a match)."""
   for k in lookaheads:
     for _ in range(3):
-      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, empty_rounds=drafter.model is None): break
+      if drafter.warm(k) and verifier.warm(k, drafter.one_hot, ids=drafter.model is None): break
       for context in ([token], [token, token]): warm_up_round(drafter, verifier, context, k)
 
 def warm_up_round(drafter:Drafter, verifier:Verifier, context:list[int], k:int) -> Tensor:
@@ -502,16 +504,16 @@ _decode_seconds: weakref.WeakKeyDictionary[GPT2, float] = weakref.WeakKeyDiction
 def time_target_decode(verifier:Verifier, token:int) -> float:
   """Seconds of a round of the target alone (its one-token pass and draw, as the baseline pays them), measured once per
   target at position 0 before the prefill rewrites it: the best of 3 once the step is warm."""
-  decode = lambda: verifier(device_tokens([token]), None, 0, 1)
+  decode = lambda: verifier([token], None, 0, 1)
   if verifier.target not in _decode_seconds:
-    while not verifier.warm(0, one_hot=True): decode()
+    while not verifier.warm(0, one_hot=True, ids=True): decode()
     _decode_seconds[verifier.target] = best_seconds(decode, 3)
   return _decode_seconds[verifier.target]
 
 def time_draft_step(drafter:Drafter, K:int, token:int) -> float:
-  """Seconds of a drafted token: a proposal of K (a model's steps and draws, or a lookup and its copy to the device)
-  timed alone at position 1 before the prefill rewrites it, the best of 3, over K. The rounds do not time their phases:
-  a synchronization between them would cost every round (docs/measurements.md)."""
+  """Seconds of a drafted token: a proposal of K (a model's steps and draws, or a lookup) timed alone at position 1
+  before the prefill rewrites it, the best of 3, over K. The rounds do not time their phases: a synchronization between
+  them would cost every round (docs/measurements.md)."""
   drafter.reset([token])
   return best_seconds(lambda: drafter.propose([token, token], K, 0)) / K
 

@@ -2,6 +2,7 @@
 import json, os, subprocess, sys
 import numpy as np
 import pytest
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import Ops
 import models, spec
 from models import GPT2
@@ -65,7 +66,7 @@ def step_buffers(step) -> set:
 KINDS = {  # a step of each kind a generation runs: (model, drafter of it), how to run one round of it
   "draft greedy": (spec.Sampling(0.0), "draft"), "draft T 0.8 top-k top-p": (spec.Sampling(0.8, 20, 0.9), "draft"),
   "verify greedy": (spec.Sampling(0.0), "verify"), "verify T 1 block": (spec.Sampling(1.0), "verify"),
-  "verify T 1 token, one-hot draft": (spec.Sampling(1.0), "token"), "decode": (None, "decode"), "prefill": (None, "prefill")}
+  "verify T 1 token, the host's one-hot draft": (spec.Sampling(1.0), "token"), "decode": (None, "decode"), "prefill": (None, "prefill")}
 
 def run_step(model, kind:str, key):
   """One call of the step of this kind on model, from the same inputs and state; its outputs and the step."""
@@ -81,10 +82,13 @@ def run_step(model, kind:str, key):
     block, p = drafter.propose([5, 6, 7, 8, 9], 3, nonce=4)
     return [block.numpy()] + ([] if p is None else [p.numpy()]), model.jit(spec.propose, 1, K=3, **sampling.static)
   verifier = spec.Verifier(model, sampling, key, "token" if what == "token" else "block")
-  one_hot = what == "token" or sampling.temperature == 0
-  p = None if one_hot else spec.warp(spec.padded(model.forward(spec.device_tokens([9, 10, 11]), 4)), *sampling.tensors(64),
+  if what == "token":   # a one-hot draft of the host's (prompt lookup): its ids bound variables
+    return verifier([9, 10, 11, 12], None, 4, nonce=5).numpy(), verifier.step(4, True, ids=True)
+  one_hot = sampling.temperature == 0
+  tokens = lambda ids: Tensor([ids], dtype=dtypes.int32).realize()
+  p = None if one_hot else spec.warp(spec.padded(model.forward(tokens([9, 10, 11]), 4)), *sampling.tensors(64),
                                      filters=()).realize()
-  result = verifier(spec.device_tokens([9, 10, 11, 12]), p, 4, nonce=5)
+  result = verifier(tokens([9, 10, 11, 12]), p, 4, nonce=5)
   return result.numpy(), verifier.step(4, one_hot)
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -161,8 +161,8 @@ def profile(name:str, dtype:str, widths:list[int], plain:bool) -> dict[int, dict
   verifier, out = spec.Verifier(model, spec.Sampling(), spec.seed_key(0), "token"), {}
   with model_clock(weights):
     for T in widths:
-      for nonce in range(2): verifier(spec.device_tokens([1] * T), None, CONTEXT, nonce)   # captured on the second
-      step = verifier.step(T, True)
+      for nonce in range(2): verifier([1] * T, None, CONTEXT, nonce)   # captured on the second
+      step = verifier.step(T, True, ids=True)
       linear = (step.fn if hasattr(step, "fn") else step).captured.linear
       kernels = [profile_kernel(c, weights, {"start_pos": CONTEXT, "nonce": 1}) for c in kernel_calls(linear)]
       weight_bytes = sum(b.nbytes for b in weights)
