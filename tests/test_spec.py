@@ -3,7 +3,7 @@ import collections, math, re, time
 import numpy as np
 import pytest
 from tinygrad.codegen import to_program_cache
-from tinygrad import Tensor
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import Ops
 import models, spec
 from spec import PromptLookup, Sampling, autoregressive_generate, speculative_generate
@@ -185,6 +185,20 @@ def test_a_rounds_tokens_reach_the_models_steps_as_variables(tiny, monkeypatch):
       assert len(run(T)[0]) == 12 and len(emitted) > 2
       steps = [getattr(s, "fn", s) for m in (target, draft) for s in m.jits.values()]
       assert all(any(j is s for s in steps) for j in called), f"{name}, T {T}: a JIT of its own in a round"
+
+def test_the_hosts_ids_verify_as_the_same_block_on_the_device(tiny):
+  """The verify step of the host's ids (target_verify_ids(): bound variables) returns what the step of the same block
+  on the device with a one-hot p returns, to the bit: both rules, greedy and sampled, every width, several draws
+  (tinygrad 0.14 compiled the token rule's acceptance kernel empty where it read the ids as variables)."""
+  target = tiny["target"]
+  for rule in spec.RULES:
+    for T in (0.0, 1.0):
+      verifier = spec.Verifier(target, Sampling(T), spec.seed_key(0), rule)
+      for ids in ([9], [9, 10], [9, 10, 11]):
+        for nonce in range(4):
+          on_device = Tensor([ids], dtype=dtypes.int32).realize()
+          got, expected = verifier(ids, None, 4, nonce).numpy(), verifier(on_device, None, 4, nonce).numpy()
+          assert (got == expected).all(), f"{rule} rule, T {T}, block {ids}, nonce {nonce}"
 
 @pytest.mark.backend
 def test_a_later_run_loads_every_step_and_captures_none(tiny_dir, tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ Both checks guard against tinygrad 0.14 code generator bugs that spec.py works a
 without its gate read before a 4-element buffer (the CPU backend crashed when that buffer began a mapping), and a
 kernel whose unused buffer parameter was dropped got its variables numbered by count (on the CPU backend a buffer and
 a variable swapped, a crash on every call; on OpenCL an argument missing; a kernel that drops its last buffer is
-called with one argument too many, which CUDA rejects). Paths: greedy, sampled, top-k, top-p and both;
+called with one argument too many, which CUDA rejects; a kernel compiled empty takes none of the buffers it is
+passed, its output never written). Paths: greedy, sampled, top-k, top-p and both;
 both verification rules; a model draft and prompt lookup, each K given; and the target alone. Both pairs, as the code
 generator's choices depend on the shapes: the ungated load appeared with the tiny checkpoints' 64-token vocabulary,
 not with GPT-2's. Prints the path it runs, so that a crash shows where. Exit 1 on a failure.
