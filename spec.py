@@ -355,7 +355,7 @@ class Verifier:
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor|list[int], p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
     positions, stream = self.target.positions.bind(start_pos), NONCE.bind(nonce)
-    if isinstance(block, list):   # the host's ids (prompt lookup, none): bound variables, without a kernel of their own
+    if isinstance(block, list):   # the host's ids (prompt lookup, none): bound variables, without a JIT of their own
       return call(self.step(len(block), True, ids=True), self.target, positions, self.key, stream, self.warping,
                   *token_variables(block))
     return call(self.step(block.shape[1], p is None), self.target, block, positions, p, self.key, stream, self.warping)
