@@ -171,9 +171,15 @@ def test_a_rounds_tokens_reach_the_models_steps_as_variables(tiny, monkeypatch):
   unseen ones, and the host's blocks (prompt lookup's, the baseline's token: target_verify_ids()). No round calls a JIT
   but the models' own steps (a compiled kernel writing the host's block cost 0.3-0.5 ms a round on a CPU)."""
   from tinygrad.engine.jit import _TinyJit
-  called, emitted, jit_call, emit = [], [], _TinyJit.__call__, spec.Output.emit
-  monkeypatch.setattr(_TinyJit, "__call__", lambda self, *a, **k: (emitted and called.append(self), jit_call(self, *a, **k))[1])
-  monkeypatch.setattr(spec.Output, "emit", lambda self, events: (emitted.append(1), emit(self, events))[1])
+  called, emitted, tinygrad_call, emit = [], [], _TinyJit.__call__, spec.Output.emit
+  def jit_call(self, *args, **kwargs):   # the JITs called once the rounds have begun (after the first emit)
+    if emitted: called.append(self)
+    return tinygrad_call(self, *args, **kwargs)
+  def emitting(self, events):
+    emitted.append(1)
+    return emit(self, events)
+  monkeypatch.setattr(_TinyJit, "__call__", jit_call)
+  monkeypatch.setattr(spec.Output, "emit", emitting)
   target, draft = tiny["target"], tiny["draft"]
   runs = {"a draft model": lambda T: speculative_generate(target, draft, [5, 6, 7], 2, 12, Sampling(T), eos=None),
           "prompt lookup": lambda T: speculative_generate(target, PromptLookup(), [5, 6, 7, 5, 6], 2, 12, Sampling(T),

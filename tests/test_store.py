@@ -66,7 +66,8 @@ def step_buffers(step) -> set:
 KINDS = {  # a step of each kind a generation runs: (model, drafter of it), how to run one round of it
   "draft greedy": (spec.Sampling(0.0), "draft"), "draft T 0.8 top-k top-p": (spec.Sampling(0.8, 20, 0.9), "draft"),
   "verify greedy": (spec.Sampling(0.0), "verify"), "verify T 1 block": (spec.Sampling(1.0), "verify"),
-  "verify T 1 token, the host's one-hot draft": (spec.Sampling(1.0), "token"), "decode": (None, "decode"), "prefill": (None, "prefill")}
+  "verify T 1 token, the host's one-hot draft": (spec.Sampling(1.0), "token"), "decode": (None, "decode"),
+  "prefill": (None, "prefill")}
 
 def run_step(model, kind:str, key):
   """One call of the step of this kind on model, from the same inputs and state; its outputs and the step."""
