@@ -308,6 +308,8 @@ def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_di
   else: assert lines == []
   assert not [b for step in model.jits.values() for b in native.graphs(step.captured)]
 
+C_LAYOUTS = ("row_ahead", "wide_ahead", "vectors")   # the lanes layouts whose kernels hold C of their own
+
 def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
 
 def lanes_prefetching() -> dict[str, bool]:
@@ -331,8 +333,9 @@ def test_lanes_kernel_computes_the_matmul(T):
     x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
     expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
     layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l, Device.DEFAULT)]
-    fitting = {(98, 48): ["row", "row_ahead"], (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead"]}
-    assert layouts == [l for l in fitting.get((N, C), lanes.LAYOUTS) if prefetches or not l.endswith("_ahead")]
+    fitting = {(98, 48): ["row", "row_ahead", "vectors"],
+               (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead", "vectors"]}
+    assert layouts == [l for l in fitting.get((N, C), lanes.LAYOUTS) if prefetches or l not in C_LAYOUTS]
     for layout, out in itertools.product(layouts, (None, dtypes.float32)):
       got = lanes.linear(x, w, out, layout)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
@@ -345,21 +348,26 @@ def test_lanes_kernel_computes_the_matmul(T):
   assert lanes.fits(36, 16, "four") and not lanes.fits(38, 16, "four") and not lanes.fits(36, 8, "four")
   assert lanes.fits(98, 32, "wide") and not lanes.fits(98, 48, "wide")
   assert lanes.fits(98, 32, "row_ahead") and lanes.fits(98, 32, "row_ahead", Device.DEFAULT) == prefetches
+  assert lanes.fits(98, 48, "vectors") and not lanes.fits(98, 40, "vectors")
+  assert lanes.fits(98, 32, "vectors", Device.DEFAULT) == prefetches
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [1, 3])
 def test_lanes_gelu_kernel_finishes_the_layer(T):
-  """With GELU after it, the lanes kernel's sums are finished by gelu_kernel() (bias, GELU, the output dtype, in one
-  kernel of its own): GELU(x @ w.T + b), and without a bias GELU(x @ w.T), in the suite's dtype."""
+  """With GELU after it, the lanes kernel's sums (a row's eight; the vectors layout's one, where C runs) are finished
+  by gelu_kernel() (bias, GELU, the output dtype, in one kernel of its own): GELU(x @ w.T + b), and without a bias
+  GELU(x @ w.T), in the suite's dtype."""
   rng = np.random.default_rng(T)
   x, w, b = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
              for shape in ((1, T, 64), (96, 64), (96,)))
   xw = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
   gelu = lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
-  for bias, expected in ((b, gelu(xw + b.float().numpy())), (None, gelu(xw))):
-    got = lanes.linear(x, w, None, "row", bias, gelu=True)
+  layouts = [l for l in ("row", "vectors") if lanes.fits(96, 64, l, Device.DEFAULT)]
+  assert "row" in layouts and ("vectors" in layouts) == internals.runs_c_functions(Device.DEFAULT)
+  for layout, (bias, expected) in itertools.product(layouts, ((b, gelu(xw + b.float().numpy())), (None, gelu(xw)))):
+    got = lanes.linear(x, w, None, layout, bias, gelu=True)
     assert got.shape == (1, T, 96) and got.dtype == x.dtype
-    assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance()
+    assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), layout
   assert f"gelu_{T}_96" in {p.arg.name for p in to_program_cache.values()}
 
 def outputs(value:float): return [np.full((2, 3), value, np.float32)]
@@ -468,7 +476,7 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   lanes_, matvec_ = lambda layout: Way("lanes", layout), lambda option: Way("matvec", option)
-  ahead = [lanes_("row_ahead"), lanes_("wide_ahead")] if internals.runs_c_functions(Device.DEFAULT) else []
+  ahead = [lanes_(l) for l in C_LAYOUTS] if internals.runs_c_functions(Device.DEFAULT) else []
   costs = {TINYGRAD: 2.0, lanes_("lanes"): 1.5, lanes_("row"): 1.75, lanes_("wide"): 1.8, **dict.fromkeys(ahead, 1.9),
            matvec_((64, 1)): 1.0, matvec_((32, 1)): 0.5}
   timed = []
@@ -870,9 +878,10 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   """A kernel that fails to compile (here: its UOp graph raises as tinygrad builds it) loses its measurement, and
   nothing is cached: the pass runs the fastest of the rest, one line on stderr names the kernel and the error, and the
   logits are the port's."""
-  module, fn = {"lanes": (lanes, "lanes_kernel"), "attention": (attention, "scores_kernel"), "norm": (norm, "norm_kernel")}[kernel]
+  module, fns = {"lanes": (lanes, ["lanes_kernel", "vectors_kernel"]), "attention": (attention, ["scores_kernel"]),
+                 "norm": (norm, ["norm_kernel"])}[kernel]
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
-  monkeypatch.setattr(module, fn, broken)
+  for fn in fns: monkeypatch.setattr(module, fn, broken)
   fresh_choices(monkeypatch)   # earlier tests' choices: measured here afresh
   monkeypatch.setenv("SPEC_STEP_CACHE", "")
   model, plain = load(tiny_dir / "target"), load(tiny_dir / "target", plain=True)

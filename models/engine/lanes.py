@@ -7,7 +7,7 @@ registers while the weights stream past once, in one of a few layouts (LAYOUTS).
 layout, is measured per shape, width and dtype on the device (linear.py).
 """
 from __future__ import annotations
-import functools, math
+import functools, math, string
 from tinygrad import Tensor, UOp, dtypes
 from models.engine.device import core_splits, row_chunk, split_opts
 from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, OptOps, runs_c_functions
@@ -17,10 +17,11 @@ from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, O
 # float4 sums that do not wait on each other. clang's code for each is fastest for some shapes and widths, by up to 2.5x
 # (docs/engine.md), so linear.choose() measures them; two groups at a time run as fast as eight and lower in a third of
 # tinygrad's time. "row_ahead" and "wide_ahead" first ask for the weight's row AHEAD bytes on (C only): a core
-# streaming a weight from memory waits on it less (docs/engine.md)
+# streaming a weight from memory waits on it less (docs/engine.md). "vectors" (C only) holds a chunk of rows' sums in
+# C's vectors of 8 floats, two a row (vectors_kernel())
 AHEAD = 4096
 LAYOUTS = {"lanes": (8, 4, 2, 0), "four": (4, 4, 4, 0), "row": (1, 8, 2, 0), "wide": (1, 16, 2, 0),
-           "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD)}
+           "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD), "vectors": (1, 1, 16, 0)}
 
 def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T in dtype (default x's), accumulated in float32."""
@@ -45,6 +46,44 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + split_opts(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
+def vectors_kernel(out:UOp, x:UOp, w:UOp, threads:int=1) -> UOp:
+  """out[t, n, 0] = sum_k x[t, k] * w[n, k], float32; x (T, C), w (N, C), out (T, N, 1): for each output, a chunk of
+  rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4 floats at once, and
+  clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a time)."""
+  (T, N, _), C = out.shape, x.shape[1]
+  chunk = row_chunk(T)
+  n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
+  first = out[tc * chunk, n, 0]
+  sums = UOp(Ops.CUSTOMI, dtypes.float32, (first, x[tc * chunk, 0], w[n, 0]), dot(chunk, N, C, w.dtype))
+  info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
+  return first.store(sums).end(tc, n).sink(arg=info)
+
+def dot(rows:int, N:int, C:int, dtype) -> str:
+  """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}): the weight's row 8 elements at a
+  time into float32 vectors, two vectors of sums a row, the sums of the rows after the first written to out ({0}, rows
+  N apart), the first row's the expression's value."""
+  code = string.Template(DOT).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize)
+  return code.replace("{", "{{").replace("}", "}}").replace("@0", "{0}").replace("@1", "{1}").replace("@2", "{2}")
+
+C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the weights the vectors layout reads
+DOT = """({
+  typedef float v __attribute__((ext_vector_type(8), aligned(4)));
+  typedef $weight h __attribute__((ext_vector_type(8), aligned($size)));
+  const h *w = (const h *)(@2); const v *x = (const v *)(@1); float *o = @0;
+  v a[$rows][2] = {};
+  for (int k = 0; k < $vectors; k += 2)
+    for (int u = 0; u < 2; u++) {
+      v wk = __builtin_convertvector(w[k + u], v);
+      for (int t = 0; t < $rows; t++) a[t][u] += wk * x[t * $vectors + k + u];
+    }
+  float s[$rows];
+  for (int t = 0; t < $rows; t++) {
+    v r = a[t][0] + a[t][1];
+    s[t] = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
+    if (t) o[t * $N] = s[t];
+  }
+  s[0]; })"""
+
 def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
   """A statement that asks for the row of w (N, C) about `ahead` bytes after row n (the next at least, the last at the
   end), each of its cache lines: a store of 0 into a register, clang's __builtin_prefetch calls in its value (a
@@ -58,7 +97,7 @@ def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
 def fits(N:int, C:int, layout:str="lanes", device:str|None=None) -> bool:
   """Whether the layout computes N outputs of C inputs (on the device, where given: a prefetch needs C)."""
   outputs, lanes, groups, ahead = LAYOUTS[layout]
-  if ahead and device is not None and not runs_c_functions(device): return False
+  if (ahead or layout == "vectors") and device is not None and not runs_c_functions(device): return False
   return N % outputs == 0 and C % (groups * lanes) == 0
 
 def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
@@ -66,8 +105,9 @@ def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
   (where given) and GELU. No options: a plain loop over a row's outputs, which clang vectorizes whole; tinygrad's own
   kernel for it, upcast by 4, renders GELU's exp as scalar code (docs/engine.md)."""
   (T, N), L = out.shape, part.shape[2]
-  t, n, l = UOp.range(T, 0), UOp.range(N, 1), UOp.range(L, 2, AxisType.REDUCE)
-  y = part[t, n, l].reduce(l, arg=Ops.ADD)
+  t, n = UOp.range(T, 0), UOp.range(N, 1)
+  if L == 1: y = part[t, n, 0]   # the vectors layout's sums: a reduce over one lane would fold to no range
+  else: y = part[t, n, l := UOp.range(L, 2, AxisType.REDUCE)].reduce(l, arg=Ops.ADD)
   if bias: y = y + bias[0][n].cast(dtypes.float32)
   info = KernelInfo(name=f"gelu_{T}_{N}", opts_to_apply=())
   return out[t, n].store(y.gelu().cast(out.dtype)).end(t, n).sink(arg=info)
@@ -77,7 +117,8 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   *B, C = x.shape
   (T, N), (outputs, lanes, _, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
-  kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
+  kernel = functools.partial(vectors_kernel, threads=core_splits(N, x.device)) if layout == "vectors" else \
+           functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
   # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
   part = out.custom_kernel(x.reshape(T, C).float(), w, fxn=kernel)[0]
   if gelu:
