@@ -336,9 +336,14 @@ def test_lanes_kernel_computes_the_matmul(T):
     fitting = {(98, 48): ["row", "row_ahead", "vectors"],
                (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead", "vectors"]}
     assert layouts == [l for l in fitting.get((N, C), lanes.LAYOUTS) if prefetches or l not in C_LAYOUTS]
+    x32 = x.float().realize()
     for layout, out in itertools.product(layouts, (None, dtypes.float32)):
       got = lanes.linear(x, w, out, layout)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
+      if layout == "vectors" and out is dtypes.float32:   # float32 rows to float32 sums, made contiguous (the logits)
+        kernels = GlobalCounters.kernel_count
+        lanes.linear(x32, w, out, layout).contiguous().realize()
+        assert GlobalCounters.kernel_count - kernels == 1, "the vectors layout's sums copied"
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (layout, out)
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
   assert lanes_rows_dtypes(T) == {dtypes.float32}

@@ -47,13 +47,13 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
 def vectors_kernel(out:UOp, x:UOp, w:UOp, threads:int=1) -> UOp:
-  """out[t, n, 0] = sum_k x[t, k] * w[n, k], float32; x (T, C), w (N, C), out (T, N, 1): for each output, a chunk of
+  """out[..., n] = sum_k x[t, k] * w[n, k], float32; x (T, C), w (N, C), out (..., N), T rows: for each output, a chunk of
   rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4 floats at once, and
   clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a time)."""
-  (T, N, _), C = out.shape, x.shape[1]
-  chunk = row_chunk(T)
+  (T, C), N = x.shape, out.shape[-1]
+  out, chunk = out.reshape(T, N), row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
-  first = out[tc * chunk, n, 0]
+  first = out[tc * chunk, n]
   sums = UOp(Ops.CUSTOMI, dtypes.float32, (first, x[tc * chunk, 0], w[n, 0]), dot(chunk, N, C, w.dtype))
   info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
   return first.store(sums).end(tc, n).sink(arg=info)
@@ -116,14 +116,20 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   """formula(x, w, dtype) (+ b, then GELU, where given) by the lanes kernel in this layout."""
   *B, C = x.shape
   (T, N), (outputs, lanes, _, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
-  out = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
-  kernel = functools.partial(vectors_kernel, threads=core_splits(N, x.device)) if layout == "vectors" else \
-           functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
   # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
-  part = out.custom_kernel(x.reshape(T, C).float(), w, fxn=kernel)[0]
+  rows = x.reshape(T, C).float()
+  if layout == "vectors":   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
+    sums = Tensor.empty(*B, N, dtype=dtypes.float32, device=x.device)   # contiguous (the lm_head's logits)
+    sums = sums.custom_kernel(rows, w, fxn=functools.partial(vectors_kernel, threads=core_splits(N, x.device)))[0]
+    part = sums.reshape(T, N, 1)
+  else:
+    part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
+    kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
+    part = part.custom_kernel(rows, w, fxn=kernel)[0]
+    # the lanes summed outside, fused with what follows (bias, residual): inside, compilers kept them on the stack
+    sums = part.sum(-1).reshape(*B, N)
   if gelu:
     y = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
     return y.custom_kernel(part, *([] if b is None else [b]), fxn=gelu_kernel)[0].reshape(*B, N)
-  # the lanes summed outside, fused with what follows (bias, residual): inside, compilers kept them on the stack
-  y = part.sum(-1).cast(dtype or x.dtype).reshape(*B, N)
+  y = sums.cast(dtype or x.dtype)
   return y if b is None else y + b
