@@ -474,16 +474,16 @@ def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
   assert choice.fastest("spec_test", ("close",), close, "test", dtypes.float32, family) == (2,) and timed[3:] == [None, (1,), (2,)]
 
 def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
-  """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits ("four" where "lanes" does not)
-  and the matvec kernel's options where the device has work-groups, over enough of the weights (choice.enough()) on
-  random rows, and keeps the fastest; a second process reads the disk."""
+  """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits ("four" where "lanes" does not;
+  "vectors" alone where it fits, C) and the matvec kernel's options where the device has work-groups, over enough of
+  the weights (choice.enough()) on random rows, and keeps the fastest; a second process reads the disk."""
   fresh_choices(monkeypatch)
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
   lanes_, matvec_ = lambda layout: Way("lanes", layout), lambda option: Way("matvec", option)
-  ahead = [lanes_(l) for l in C_LAYOUTS] if internals.runs_c_functions(Device.DEFAULT) else []
-  costs = {TINYGRAD: 2.0, lanes_("lanes"): 1.5, lanes_("row"): 1.75, lanes_("wide"): 1.8, **dict.fromkeys(ahead, 1.9),
-           matvec_((64, 1)): 1.0, matvec_((32, 1)): 0.5}
+  c = internals.runs_c_functions(Device.DEFAULT)
+  layouts = [lanes_("vectors")] if c else [lanes_("lanes"), lanes_("row"), lanes_("wide")]
+  costs = {TINYGRAD: 2.0, **dict(zip(layouts, (1.5, 1.75, 1.8))), matvec_((64, 1)): 1.0, matvec_((32, 1)): 0.5}
   timed = []
   monkeypatch.setattr(linear, "apply", lambda x, w, b, dtype, ln, gelu, r, way: timed.append((way, x.shape)) or x)
   def captured(fn, calls, before):
@@ -498,33 +498,24 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   fresh_choices(monkeypatch)
   assert linear.choose(3, weights, biases, dtypes.float32) == matvec_((32, 1)) and len(timed) == 2 * len(costs), \
     "measured again"
-  assert linear.ways(1, 24, 32) == [TINYGRAD, lanes_("lanes"), lanes_("row"), lanes_("wide"), *ahead, matvec_((64, 1)),
-                                    matvec_((32, 1))]
-  assert linear.ways(1, 36, 32)[:3] == [TINYGRAD, lanes_("four"), lanes_("row")], "four only where lanes does not fit"
-  assert lanes_("lanes") not in linear.ways(1, 24, 36)
+  assert linear.ways(1, 24, 32) == [TINYGRAD, *layouts, matvec_((64, 1)), matvec_((32, 1))]
+  if c: assert linear.ways(1, 36, 32)[:2] == [TINYGRAD, lanes_("vectors")], "vectors alone where it fits"
+  else: assert linear.ways(1, 36, 32)[:3] == [TINYGRAD, lanes_("four"), lanes_("row")], "four only where lanes does not"
+  assert lanes_("lanes") not in linear.ways(1, 24, 36) and lanes_("vectors") not in linear.ways(1, 24, 40)
+  assert lanes_("lanes") in linear.ways(1, 24, 40), "the other layouts where vectors does not fit"
   lanes_ways = lambda T: [w for w in linear.ways(T, 24, 32) if w.kernel == "lanes"]
   assert lanes_ways(linear.PREFILL_ROWS) == lanes_ways(1) and lanes_ways(64) == [lanes_("row")], "a prefill's rows"
   # where the matvec kernel's first option loses clearly to one role, the process times it on no other of that width
   costs[matvec_((64, 1))] = 3.0
-  assert linear.choose(3, [Tensor.empty(40, 64)], None, dtypes.float32) == lanes_("lanes")
+  assert linear.choose(3, [Tensor.empty(40, 64)], None, dtypes.float32) == layouts[0]
   assert linear.matvec_outpaced == {(3, dtypes.float32)}
   del timed[:]
-  assert linear.choose(3, [Tensor.empty(56, 64)], None, dtypes.float32) == lanes_("lanes")
-  layouts = [lanes_(layout) for layout in lanes.LAYOUTS
-             if layout != "four" and lanes.fits(56, 64, layout, Device.DEFAULT)]
+  assert linear.choose(3, [Tensor.empty(56, 64)], None, dtypes.float32) == layouts[0]
   assert [w for w, _ in timed] == [TINYGRAD, *layouts]
   del timed[:]
   linear.choose(1, [Tensor.empty(56, 64)], None, dtypes.float32)
   assert [w for w, _ in timed] == [TINYGRAD, *layouts, matvec_((64, 1))], \
     "another width: the matvec kernel timed again"
-
-def test_a_choice_is_timed_over_enough_bytes_in_few_layers(monkeypatch):
-  """choice.enough(): the first weights whose bytes reach TIMED_BYTES, at least one, at most TIMED_LAYERS (a small
-  model's every layer would be a capture's scheduling)."""
-  monkeypatch.setattr(choice, "TIMED_BYTES", 6 << 20)
-  big, small = [Tensor.empty(1024, 1024) for _ in range(4)], [Tensor.empty(16, 16) for _ in range(40)]
-  assert choice.enough(big) == big[:2] and choice.enough(big[:1]) == big[:1]
-  assert choice.enough(small) == small[:choice.TIMED_LAYERS] and 1 < choice.TIMED_LAYERS < 40
 
 def test_linear_choose_times_each_call_after_a_flush(monkeypatch, disk):
   """linear.choose() times every call of a candidate after choice.evictor()'s flush, a read of EVICT_BYTES of the

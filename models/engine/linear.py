@@ -61,9 +61,11 @@ def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:boo
 def ways(T:int, N:int, C:int) -> list[Way]:
   """The ways that fit T rows times (N, C) on this device, tinygrad's first. The lanes kernel's "four" layout only where
   "lanes" does not fit: "lanes" at half the outputs, it never measured ahead of the others where both fit, and a first
-  run compiles one kernel less a layer (docs/engine.md)."""
+  run compiles one kernel less a layer. Where "vectors" fits, it alone of the layouts: a choice timed one layer at a
+  time picked others for some roles, and every pass ran faster with it in each of them (docs/engine.md)."""
   fit = [layout for layout in lanes.LAYOUTS
          if lanes.fits(N, C, layout, Device.DEFAULT) and (T <= PREFILL_ROWS or layout == "row")]
+  if "vectors" in fit: fit = ["vectors"]
   layouts = [Way("lanes", layout) for layout in fit if layout != "four" or "lanes" not in fit]
   return [TINYGRAD] + layouts + ([Way("matvec", o) for o in matvec.options(N, C)] if matvec.fits(N, C) else [])
 
