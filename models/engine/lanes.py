@@ -95,7 +95,8 @@ def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
   return register[0].store(UOp(Ops.CUSTOMI, dtypes.int32, (w[row, 0],), f"({calls}0)"))
 
 def fits(N:int, C:int, layout:str="lanes", device:str|None=None) -> bool:
-  """Whether the layout computes N outputs of C inputs (on the device, where given: a prefetch needs C)."""
+  """Whether the layout computes N outputs of C inputs (on the device, where given: a prefetch and the vectors layout
+  need C)."""
   outputs, lanes, groups, ahead = LAYOUTS[layout]
   if (ahead or layout == "vectors") and device is not None and not runs_c_functions(device): return False
   return N % outputs == 0 and C % (groups * lanes) == 0
