@@ -18,7 +18,7 @@ from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, O
 # (docs/engine.md), so linear.choose() measures them; two groups at a time run as fast as eight and lower in a third of
 # tinygrad's time. "row_ahead" and "wide_ahead" first ask for the weight's row AHEAD bytes on (C only): a core
 # streaming a weight from memory waits on it less (docs/engine.md). "vectors" (C only) holds a chunk of rows' sums in
-# C's vectors of 8 floats, two a row (vectors_kernel())
+# C's vectors of 8 floats, two a row (vectors_kernel(); its tuple says only that C is a multiple of 16)
 AHEAD = 4096
 LAYOUTS = {"lanes": (8, 4, 2, 0), "four": (4, 4, 4, 0), "row": (1, 8, 2, 0), "wide": (1, 16, 2, 0),
            "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD), "vectors": (1, 1, 16, 0)}
@@ -47,9 +47,9 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
 def vectors_kernel(out:UOp, x:UOp, w:UOp, threads:int=1) -> UOp:
-  """out[..., n] = sum_k x[t, k] * w[n, k], float32; x (T, C), w (N, C), out (..., N), T rows: for each output, a chunk of
-  rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4 floats at once, and
-  clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a time)."""
+  """out[..., n] = sum_k x[t, k] * w[n, k], float32; x (T, C), w (N, C), out (..., N), T rows: for each output, a
+  chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4 floats at
+  once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a time)."""
   (T, C), N = x.shape, out.shape[-1]
   out, chunk = out.reshape(T, N), row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
