@@ -554,22 +554,24 @@ def np_attention(qkv:np.ndarray, cache:np.ndarray, start:int) -> np.ndarray:
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   return (probs / probs.sum(-1, keepdims=True) @ values).transpose(1, 0, 2).reshape(T, C3 // 3)
 
-def attention_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(("scores_", "values_", "wide_scores_", "chunks_", "combine_"))}
+ATTENTION = ("scores_", "values_", "attention_", "wide_scores_", "chunks_", "combine_")   # the attention kernels' names
+def attention_programs() -> set[str]:
+  return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith(ATTENTION)}
 
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_attention_kernels_compute_attention(T):
-  """Every way of attention.apply() (tinygrad's, the CPU design's kernels and, where the device has work-groups, the GPU
-  design at each chunk length) writes the block's keys and values into the cache and computes causal attention over
-  it, for every width a step may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at the first positions and deep in the
-  cache (chunks empty, short and clamped), with the position a bound variable (a captured step: one compile for every
-  position), an expression of one (a draft's later steps run at start_pos + 1, ...) or a Python int (an eager pass: at
-  0, T = 1 is a range of one position); c_attn's output in float32 (as engine.Block passes it, rounded to the suite's
-  dtype first), the cache in the suite's."""
+  """Every way of attention.apply() (tinygrad's, the CPU design's kernels, where C runs the fused kernel, and where
+  the device has work-groups the GPU design at each chunk length) writes the block's keys and values into the cache
+  and computes causal attention over it, for every width a step may run (rows in chunks: 9 = 3 x 3, 16 = 2 x 8), at
+  the first positions and deep in the cache (chunks empty, short and clamped), with the position a bound variable (a
+  captured step: one compile for every position), an expression of one (a draft's later steps run at start_pos + 1,
+  ...) or a Python int (an eager pass: at 0, T = 1 is a range of one position); c_attn's output in float32 (as
+  engine.Block passes it, rounded to the suite's dtype first), the cache in the suite's."""
   rng = np.random.default_rng(T)
   H, P, D = 3, 96, 32
   start_pos, earlier_pos = UOp.variable("start_pos", 0, P - T), UOp.variable("start_pos", 0, P - T - 2)
-  for way in attention.ways(D):
+  for way in attention.ways(D, (getattr(dtypes, dtype()), dtypes.float32)):
     qkv = Tensor(rng.standard_normal((1, T, 3 * H * D)).astype(np.float32)).cast(dtype()).realize().float().realize()
     block = qkv.float().numpy()[0, :, H * D:].reshape(T, 2, H, D).transpose(1, 2, 0, 3)   # (2, H, T, D): k, v
     attn = layer(H, P, D, Tensor(rng.standard_normal((2, 1, H, P, D)).astype(np.float32)).cast(dtype()).realize())
@@ -585,15 +587,16 @@ def test_attention_kernels_compute_attention(T):
       after = attn.cache_kv.float().numpy()
       np.testing.assert_array_equal(after[:, 0, :, start:start + T], block, err_msg=f"{way}: the block's keys and values")
       np.testing.assert_array_equal(np.delete(after, np.s_[start:start + T], 3), np.delete(before, np.s_[start:start + T], 3))
-  names = {f"scores_{T}_{H}_{D}", f"values_{T}_{H}_{D}"} | ({f"{k}_{T}_{H}_{D}" for k in ("wide_scores", "chunks", "combine")}
-                                                           if device.work_groups() else set())
-  assert names <= attention_programs() and (len(attention.ways(D)) == 4) == device.work_groups()
+  c = internals.runs_c_functions(Device.DEFAULT)
+  kinds = ["scores", "values"] + ["wide_scores", "chunks", "combine"] * device.work_groups() + ["attention"] * c
+  assert {f"{k}_{T}_{H}_{D}" for k in kinds} <= attention_programs()
+  assert len(attention.ways(D, (getattr(dtypes, dtype()), dtypes.float32))) == 2 + 2 * device.work_groups() + c
 
 def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
   """attention.choose() times every way that fits over some of the layers (on caches of their own: the model's stay as
   they are) at a short and a long context, and keeps the fastest; a second process reads the disk."""
   fresh_choices(monkeypatch)
-  monkeypatch.setattr(attention, "ways", lambda D: [TINYGRAD, Way("rows"), Way("chunks", 32)])
+  monkeypatch.setattr(attention, "ways", lambda D, dtypes_=(): [TINYGRAD, Way("rows"), Way("chunks", 32)])
   costs, runs = {TINYGRAD: 2.0, Way("rows"): 1.5, Way("chunks", 32): 1.0}, []
   layers = [layer(2, 128, 16) for _ in range(10)]
   caches = [a.cache_kv for a in layers]
@@ -714,7 +717,8 @@ def test_a_model_on_its_own_kernels(tiny_dir, monkeypatch):
   linear = lambda T, N, C: f"{'matvec' if wide and T > 1 else 'lanes_vectors' if c else 'lanes'}_{T}_{N}_{C}"
   assert {linear(5, 96, 32), linear(1, 32, 32), linear(1, 128, 32), linear(5, 32, 128), linear(1, 64, 32)} <= names
   five = ["wide_scores_5_2_16", "chunks_5_2_16", "combine_5_2_16"] if wide else ["scores_5_2_16", "values_5_2_16"]
-  assert {*five, "scores_1_2_16", "values_1_2_16"} <= attention_programs()
+  one = ["attention_1_2_16"] if c else ["scores_1_2_16", "values_1_2_16"]   # C: the fused kernel for one row
+  assert {*five, *one} <= attention_programs()
   assert {"stats_5_32" if wide else "norm_5_32", "norm_1_32"} <= names
 
 def test_steps_choose_their_linear_kernels_and_search_the_rest(tiny_dir, monkeypatch):
@@ -874,7 +878,8 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   """A kernel that fails to compile (here: its UOp graph raises as tinygrad builds it) loses its measurement, and
   nothing is cached: the pass runs the fastest of the rest, one line on stderr names the kernel and the error, and the
   logits are the port's."""
-  module, fns = {"lanes": (lanes, ["lanes_kernel", "vectors_kernel"]), "attention": (attention, ["scores_kernel"]),
+  module, fns = {"lanes": (lanes, ["lanes_kernel", "vectors_kernel"]),
+                 "attention": (attention, ["scores_kernel", "fused_kernel"]),
                  "norm": (norm, ["norm_kernel"])}[kernel]
   def broken(*args, **kwargs): raise RuntimeError("no such instruction on this device")
   for fn in fns: monkeypatch.setattr(module, fn, broken)
@@ -887,7 +892,9 @@ def test_a_kernel_that_cannot_run_falls_back_with_one_line(tiny_dir, monkeypatch
   lines = [l for l in capfd.readouterr().err.splitlines() if "cannot run" in l]
   name, way, kind = {"lanes": ("linear kernel", None, "linear"), "attention": ("attention kernels", Way("rows"), "attention"),
                      "norm": ("layer norm kernel", Way("row"), "norm")}[kernel]
-  ways = {Way("lanes", l) for l in lanes.LAYOUTS} if kernel == "lanes" else {way}   # the lanes kernel's layouts all fail
+  # the lanes kernel's layouts all fail, and attention's CPU designs
+  ways = {Way("lanes", l) for l in lanes.LAYOUTS} if kernel == "lanes" else \
+         {way, Way("fused")} if kernel == "attention" else {way}
   assert lines and all("no such instruction on this device" in l and name in l and any(f" {w} " in l for w in ways)
                        for l in lines)
   assert CHOSEN.measured[kind] and not ways & set(CHOSEN.measured[kind].values())
@@ -908,8 +915,7 @@ def test_plain_runs_the_port_on_tinygrad_alone(tiny_dir, tmp_path, monkeypatch):
   calls = [call.src[0] for step in model.jits.values() if step.captured for call in step.captured.linear.src]
   assert calls and not any(c.op is Ops.CUSTOM_FUNCTION for c in calls) or Device[Device.DEFAULT].graph is not None
   names = {p.arg.name for k, p in to_program_cache.items() if k not in before}
-  assert names and not any(n.startswith(("lanes_", "matvec_", "scores_", "values_", "wide_scores_", "chunks_", "combine_",
-                                         "norm_", "stats_")) for n in names)
+  assert names and not any(n.startswith(("lanes_", "matvec_", *ATTENTION, "norm_", "stats_")) for n in names)
   assert list(tmp_path.iterdir()) == [], "a plain run stored a step"
 
 GREEDY, SAMPLED, FILTERED = spec.Sampling(0.0), spec.Sampling(1.0), spec.Sampling(0.8, 20, 0.9)
@@ -932,9 +938,11 @@ def test_the_engine_generates_what_the_port_alone_generates(tiny_dir, monkeypatc
     block = [int(t) for t in np.random.default_rng(3).integers(0, 64, 5)]
     assert_close(*[target(block, 0).numpy() for target, _ in pairs])
   wide = device.work_groups()
-  lanes = "lanes_vectors" if internals.runs_c_functions(Device.DEFAULT) else "lanes"   # C: the vectors layout
+  c = internals.runs_c_functions(Device.DEFAULT)
+  lanes = "lanes_vectors" if c else "lanes"   # C: the vectors layout, and the fused attention for one row
   expected = {"matvec_5_96_32", "chunks_5_2_16", "stats_5_32"} if wide else {f"{lanes}_5_96_32", "scores_5_2_16", "norm_5_32"}
-  assert expected | {f"{lanes}_1_96_32", "scores_1_2_16", "norm_1_32"} <= {p.arg.name for p in to_program_cache.values()}
+  one = {f"{lanes}_1_96_32", "attention_1_2_16" if c else "scores_1_2_16", "norm_1_32"}
+  assert expected | one <= {p.arg.name for p in to_program_cache.values()}
 
 @pytest.mark.backend
 def test_the_engine_generates_what_the_port_alone_generates_on_the_shared_pair(enc):

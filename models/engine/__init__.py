@@ -167,14 +167,15 @@ def tinygrad_kernels():
 def engine_kernels():
   """The engine's kernels wherever they fit meanwhile, nothing measured (for tests and renderers): for passes of
   several rows the work-group kernels where the device has them (the matvec kernel, attention in chunks, the norm's
-  stats kernel), for one row the others (the lanes kernel, attention's CPU design, the norm's row kernel), so that one
-  generation runs both."""
+  stats kernel), for one row the others (the lanes kernel, attention's fused kernel where C runs, else its CPU design,
+  the norm's row kernel), so that one generation runs both."""
   def pick(ways:list[Way], T:int) -> Way:
     wide = [w for w in ways if w.kernel in ("matvec", "chunks", "stats")]   # the work-group ways
     other = [w for w in ways if w != TINYGRAD and w not in wide]
+    if T == 1: other.sort(key=lambda w: w.kernel != "fused")   # one row: attention's fused kernel, where C runs
     first = (wide or other) if T > 1 else (other or wide)
     return first[0] if first else TINYGRAD
-  ways = {"linear": lambda k: linear.ways(*k[:3]), "attention": lambda k: attention.ways(k[3]),
+  ways = {"linear": lambda k: linear.ways(*k[:3]), "attention": lambda k: attention.ways(k[3], k[4:6]),
           "norm": lambda k: norm.ways(k[1])}
   return CHOSEN.fixed(lambda kind, key: pick(ways[kind](key), key[0]))
 

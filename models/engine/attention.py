@@ -9,17 +9,21 @@ hold the rows in registers, so every row reads the keys and values again. Two de
   a position, SCORE_GROUP of them a work-group), chunks_kernel() (each chunk's softmax and weighted sum, a thread per
   output of the head dimension: the values' loads coalesced), combine_kernel() (the chunks made one, a thread per
   output, which also writes the block's keys and values into the cache: the two kernels before it read them from
-  c_attn's output, so that no launch of its own writes the cache).
+  c_attn's output, so that no launch of its own writes the cache);
+- for CPUs that run C, fused_kernel(): the block's keys and values stored, and each row's scores, softmax and weighted
+  sum, a work-item per head in one C function: six kernels become one (on a CPU a small model's pass costs more per
+  kernel than per byte).
 Which, and the chunks' length, is measured per device and shape at a short and a long context (choose()).
 """
 from __future__ import annotations
-import copy, functools, math
-from tinygrad import Tensor, UOp, dtypes
+import copy, functools, math, string
+from tinygrad import Device, Tensor, UOp, dtypes
 from models.gpt2 import Attention
 from models.engine import internals
 from models.engine.choice import CHOSEN, TINYGRAD, Way, captured, fastest, random, sources
 from models.engine.device import core_splits, row_chunk, split_opts, work_groups
-from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps
+from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps, runs_c_functions
+from models.engine.lanes import C_TYPES
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
@@ -122,6 +126,82 @@ def combine_kernel(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) 
            [cache[i, 0, h, pos + t, d].store(qkv[0, t, (i + 1) * C + h * D + d].cast(cache.dtype)) for i in (0, 1)]
   return UOp.group(*stores).end(h, t, d).sink(arg=KernelInfo(name=f"combine_{T}_{H}_{D}", opts_to_apply=()))
 
+def fused_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
+  """formula() for a head a work-item, in C (FUSED): the block's keys and values from qkv (1, T, 3C) into the cache
+  (2, 1, H, P, D) at pos, then for each row t softmax(q k^T / sqrt(D)) v over positions up to pos + t into out
+  (1, T, C), float32 inside; the heads in `threads` parts. The C writes every output but the head's first, the
+  expression's value."""
+  (_, T, C3), (_, _, H, P, D) = qkv.shape, cache.shape
+  h = UOp.range(H, 0)
+  first = out[0, 0, h * D]
+  code = string.Template(FUSED).substitute(T=T, C=C3 // 3, D=D, P=P, values=H * P * D, scale=repr(1 / math.sqrt(D)),
+                                           out=C_TYPES[out.dtype], qkv=C_TYPES[qkv.dtype], cache=C_TYPES[cache.dtype],
+                                           qkv_size=qkv.dtype.itemsize, cache_size=cache.dtype.itemsize)
+  code = code.replace("{", "{{").replace("}", "}}").replace("@0", "{0}").replace("@1", "{1}").replace("@2", "{2}")
+  y = UOp(Ops.CUSTOMI, dtypes.float32, (first, qkv[0, 0, h * D], cache[0, 0, h, 0, 0], pos), code.replace("@3", "{3}"))
+  info = KernelInfo(name=f"attention_{T}_{H}_{D}", opts_to_apply=split_opts(threads))
+  return first.store(y.cast(out.dtype)).end(h).sink(arg=info)
+
+# exp(x) for x <= 0 as Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial, 2^n in the exponent's bits
+# (tinygrad's CPU programs link no libm); below -87 (under float32's smallest normal) it is 2^-126, not 0: beside the
+# largest score's 1 it rounds away
+FUSED = """({
+  typedef float v __attribute__((ext_vector_type(8), aligned(4)));
+  typedef int vi __attribute__((ext_vector_type(8), aligned(4)));
+  typedef $cache c __attribute__((ext_vector_type(8), aligned($cache_size)));
+  typedef $qkv q8 __attribute__((ext_vector_type(8), aligned($qkv_size)));
+  $out *o = ($out *)(@0); const $qkv *qkv = (const $qkv *)(@1); int pos = @3;
+  $cache *keys = ($cache *)(@2), *values = keys + $values;
+  for (int t = 0; t < $T; t++)
+    for (int d = 0; d < $D; d++) {
+      keys[(pos + t) * $D + d] = qkv[t * 3 * $C + $C + d];
+      values[(pos + t) * $D + d] = qkv[t * 3 * $C + 2 * $C + d];
+    }
+  v q[$T][$D / 8], acc[$T][$D / 8] = {};
+  for (int t = 0; t < $T; t++)
+    for (int i = 0; i < $D / 8; i++) q[t][i] = __builtin_convertvector(((const q8 *)(qkv + t * 3 * $C))[i], v);
+  float p[$T][$P + 8], m[$T], l[$T];
+  int S = pos + $T;
+  for (int t = 0; t < $T; t++) m[t] = -3e38f;
+  for (int s = 0; s < S; s++) {
+    v a[$T] = {};
+    for (int i = 0; i < $D / 8; i++) {
+      v k = __builtin_convertvector(((const c *)(keys + s * $D))[i], v);
+      for (int t = 0; t < $T; t++) a[t] += q[t][i] * k;
+    }
+    for (int t = 0; t < $T; t++) {
+      float x = (((a[t][0] + a[t][4]) + (a[t][1] + a[t][5])) + ((a[t][2] + a[t][6]) + (a[t][3] + a[t][7]))) * $scale;
+      p[t][s] = x;
+      if (s <= pos + t && x > m[t]) m[t] = x;
+    }
+  }
+  for (int t = 0; t < $T; t++) {
+    v sum = {};
+    for (int s = 0; s < S; s += 8) {
+      v x = *(v *)&p[t][s] - m[t];
+      x = x < -87.0f ? (v)-87.0f : x;
+      v n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+      v r = x - n * 0.693359375f + n * 2.12194440e-4f, z = r * r;
+      v e = ((((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
+              + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f);
+      vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+      e *= (v)bits;
+      *(v *)&p[t][s] = e;
+    }
+    for (int s = pos + t + 1; s < S + 8; s++) p[t][s] = 0;
+    for (int s = 0; s < S; s += 8) sum += *(v *)&p[t][s];
+    l[t] = ((sum[0] + sum[4]) + (sum[1] + sum[5])) + ((sum[2] + sum[6]) + (sum[3] + sum[7]));
+  }
+  for (int s = 0; s < S; s++)
+    for (int i = 0; i < $D / 8; i++) {
+      v val = __builtin_convertvector(((const c *)(values + s * $D))[i], v);
+      for (int t = 0; t < $T; t++) acc[t][i] += p[t][s] * val;
+    }
+  for (int t = 0; t < $T; t++)
+    for (int i = 0; i < $D / 8; i++)
+      for (int d = 0; d < 8; d++) o[t * $C + i * 8 + d] = acc[t][i][d] / l[t];
+  acc[0][0][0] / l[0]; })"""
+
 def custom(fxn, out:Tensor, *inputs:Tensor, pos:UOp) -> Tensor:
   """out after fxn(out, *inputs, pos) ran, the position (an expression of variables: a draft's later steps run at
   start_pos + 1, ...) passed beside the buffers as tinygrad's own kernels hold one."""
@@ -158,18 +238,33 @@ def chunked(qkv:Tensor, cache:Tensor, start_pos:int|UOp, length:int) -> Tensor:
 
 def fits(D:int) -> bool: return D % 4 == 0 and D % SPLIT == 0
 
-def ways(D:int) -> list[Way]:
-  """The ways that fit a head dimension D on this device, tinygrad's first: the CPU design ("rows"), and where the
-  device has work-groups the GPU design at each chunk length ("chunks")."""
+def fused(qkv:Tensor, cache:Tensor, start_pos:int|UOp) -> Tensor:
+  """formula()'s result (1, T, C) by fused_kernel(), which also writes the block's keys and values into the cache."""
+  (B, T, C3), (_, _, H, P, _) = qkv.shape, cache.shape
+  out = Tensor.empty(B, T, C3 // 3, dtype=qkv.dtype, device=qkv.device)
+  kernel = functools.partial(fused_kernel, threads=core_splits(H, qkv.device))
+  return custom(kernel, out, qkv, cache, pos=position(start_pos, P, T))
+
+def fused_fits(D:int, dtypes_:tuple, device:str) -> bool:
+  """Whether fused_kernel() runs: C, a head dimension of whole vectors of 8, dtypes it converts."""
+  return D % 8 == 0 and all(d in C_TYPES for d in dtypes_) and runs_c_functions(device)
+
+def ways(D:int, dtypes_:tuple=()) -> list[Way]:
+  """The ways that fit a head dimension D (and the cache's and rows' dtypes) on this device, tinygrad's first: the CPU
+  design ("rows"), where the device runs C the fused kernel ("fused"), and where it has work-groups the GPU design at
+  each chunk length ("chunks")."""
   return [TINYGRAD] + ([Way("rows")] if fits(D) else []) + \
+         ([Way("fused")] if fused_fits(D, dtypes_, Device.DEFAULT) else []) + \
          ([Way("chunks", length) for length in LENGTHS] if fits(D) and work_groups() else [])
 
 def apply(attn:Attention, qkv:Tensor, start_pos:int|UOp, way:Way|None=None) -> Tensor:
   """formula(attn, qkv, start_pos) (the cache written, then attention) by the GPU design (Way("chunks", length)), the
-  CPU design (Way("rows")) or tinygrad's (TINYGRAD); None: as choose() measured (else tinygrad's)."""
+  CPU design (Way("rows")), the fused kernel (Way("fused")) or tinygrad's (TINYGRAD); None: as choose() measured (else
+  tinygrad's)."""
   (_, T, _), (_, _, H, P, D) = qkv.shape, attn.cache_kv.shape
   if way is None: way = CHOSEN.way("attention", (T, H, P, D, attn.cache_kv.dtype, qkv.dtype))
   if way.kernel == "chunks": return chunked(qkv, attn.cache_kv, start_pos, way.option)
+  if way.kernel == "fused": return fused(qkv, attn.cache_kv, start_pos)
   if way == TINYGRAD: return formula(attn, qkv, start_pos)
   attn.store(qkv.cast(attn.cache_kv.dtype), start_pos)
   return kernels(qkv, attn.cache_kv, start_pos)
@@ -191,7 +286,7 @@ def choose(T:int, layers:list[Attention], qkv_dtype) -> Way:
       # one capture for both contexts: the position is a bound variable
       return captured(lambda qkv, p: [apply(a, qkv, p, way) for a in shells], [(qkv, p) for p in contexts],
                       timed=len(contexts), after=lambda: [a.cache_kv.numpy() for a in shells])
-    candidates = {w: functools.partial(run, w) for w in ways(D)}
+    candidates = {w: functools.partial(run, w) for w in ways(D, (dtype, qkv_dtype))}
     CHOSEN.measured["attention"][key] = fastest("spec_attention", (key, sources(__name__)), candidates,
                                                 f"attention kernels ({T} rows, {H} x {D})", dtype,
                                                 family=lambda w: w.kernel if w.kernel == "chunks" else None, length=P)
