@@ -17,8 +17,10 @@ llama-speculative's (the draft, at most 2 and 4 drafted tokens: --spec-draft-n-m
 other settings its defaults; F32, K 2 also beside an F16 draft, as spec's default, and F16), spec's target alone and
 spec's speculative sampling with default flags (the draft's dtype --draft-dtype auto's) in float32 and
 float16 (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
-The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after. The first prompt's greedy
-text is compared, a check of the conversion: the same weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
+The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after: the target alone is given
+against its weights' bytes at their mean (the memory floor), speculative sampling against llama.cpp's plain decoding
+(llama-completion) in the same dtype. The first prompt's greedy text is compared, a check of the conversion: the same
+weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
 checkpoint's one-token decode: llama-bench's in F32 and F16, spec's in float32 and float16 against the memory floor
 (about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random one where none is at hand).
 """
@@ -105,8 +107,9 @@ def speculative_ms(log:str) -> tuple[float, int]:
   n, seconds = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log).groups()
   return 1e3 * float(seconds), int(n)
 
-def memory_rate() -> str:
-  return f"{bandwidth()['numpy BLAS matvec'] / 1e9:.1f} GB/s"
+def memory_rate() -> float:
+  """numpy's BLAS matrix-vector product's read rate, bytes/s."""
+  return bandwidth()['numpy BLAS matvec']
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -125,9 +128,10 @@ def main():
   plain_flags = ["-no-cnv"] if "-no-cnv" in run([completion, "--help"], check=False) else []
   prompts, enc = PROMPTS[:args.prompts], models.tokenizer()
   rate_before = memory_rate()
-  ours = {}
+  ours, weight_bytes = {}, {}
   for dtype in ("float32", "float16"):
     target_model = models.load(str(SHARED / "docs-deep"), dtype)
+    weight_bytes[f"spec, target alone, {dtype}"] = benchmark.sizes(target_model)[0]
     draft_dtype = models.draft_dtype("auto", target_model.dtype)   # as spec.py's --draft-dtype auto
     draft_model = models.load(str(SHARED / "docs-draft"), draft_dtype)
     ours[f"spec, target alone, {dtype}"] = lambda p, n, t=target_model: spec.autoregressive_generate(t, p, n, eos=None)
@@ -164,11 +168,23 @@ def main():
         totals[name][0] += 1e3 * stats.time_total; totals[name][1] += stats.new_tokens
     text = run([completion, "-m", target, "-p", prompts[0], *plain_flags, *common[:-1]])
   first = enc.decode(ours["spec, target alone, float32"](enc.encode(prompts[0]), 32)[0])
-  print(f"memory (numpy's BLAS matrix-vector product): {rate_before} before, {memory_rate()} after\n")
-  print("| run | ms a token |\n|---|---|")
+  rate_after = memory_rate()
+  rate = (rate_before + rate_after) / 2
+  print(f"memory (numpy's BLAS matrix-vector product): {rate_before / 1e9:.1f} GB/s before, {rate_after / 1e9:.1f} "
+        "after\n")
+  print("| run | ms a token | against |\n|---|---|---|")
   for f, b in bench.items():
-    print(f"| llama.cpp, llama-bench decoding, {f} (tg, no prompt, before the rest) | {1e3 / b['avg_ts']:.2f} |")
-  for name, (ms, n) in totals.items(): print(f"| {name} | {ms / n:.2f} |")
+    print(f"| llama.cpp, llama-bench decoding, {f} (tg, no prompt, before the rest) | {1e3 / b['avg_ts']:.2f} | |")
+  plain = {f: totals[f"llama.cpp, {completion.name} greedy decoding, {f}"] for f in ("F32", "F16")}
+  for name, (ms, n) in totals.items():
+    # the target alone against its weights' bytes at the memory's rate; speculative sampling: llama.cpp's plain
+    # decoding of the same dtype over its time
+    if name in weight_bytes: against = f"{ms / n / (weight_bytes[name] / rate * 1e3):.2f}x the memory floor"
+    elif name.startswith("spec, speculative"):
+      f = "F16" if "float16, draft" in name else "F32"
+      against = f"{plain[f][0] / plain[f][1] / (ms / n):.2f}x llama.cpp's {f} decoding"
+    else: against = ""
+    print(f"| {name} | {ms / n:.2f} | {against} |")
   same = first.strip()[:60] in text
   print(f"\nthe first prompt's greedy text (32 tokens, spec's target alone) {'is' if same else 'is NOT'} llama.cpp's")
   if args.xl: print("\n" + "\n".join(xl_decodes(gguf, bin_, args.xl, vocab, args.threads)))
