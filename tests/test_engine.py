@@ -325,13 +325,15 @@ def lanes_rows_dtypes(T:int) -> set:
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_lanes_kernel_computes_the_matmul(T):
-  """The lanes kernel in each layout is x @ w.T for every width a step may run (its rows in chunks: 9 = 3 x 3, 16 = 2 x
-  8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype. The kernel reads its rows in
-  float32: where rows and weights were both half, clang converted and multiplied one element at a time."""
+  """The lanes kernel in each layout is x @ w.T (+ b) for every width a step may run (its rows in chunks: 9 = 3 x 3,
+  16 = 2 x 8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype. The kernel reads its
+  rows in float32: where rows and weights were both half, clang converted and multiplied one element at a time."""
   rng, prefetches = np.random.default_rng(T), internals.runs_c_functions(Device.DEFAULT)
   for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
-    x, w = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize() for shape in ((1, T, C), (N, C)))
+    x, w, b = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
+               for shape in ((1, T, C), (N, C), (N,)))
     expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
+    bias64 = b.float().numpy().astype(np.float64)
     layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l, Device.DEFAULT)]
     fitting = {(98, 48): ["row", "row_ahead", "vectors"],
                (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead", "vectors"]}
@@ -341,10 +343,13 @@ def test_lanes_kernel_computes_the_matmul(T):
       got = lanes.linear(x, w, out, layout)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
       if layout == "vectors" and out is dtypes.float32:   # float32 rows to float32 sums, made contiguous (the logits)
-        kernels = GlobalCounters.kernel_count
-        lanes.linear(x32, w, out, layout).contiguous().realize()
-        assert GlobalCounters.kernel_count - kernels == 1, "the vectors layout's sums copied"
+        for bias in ([], [b]):   # and with a bias, added inside (c_attn's float32 qkv)
+          kernels = GlobalCounters.kernel_count
+          lanes.linear(x32, w, out, layout, *bias).contiguous().realize()
+          assert GlobalCounters.kernel_count - kernels == 1, ("the vectors layout's sums copied", bias)
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (layout, out)
+      with_bias = lanes.linear(x, w, out, layout, b).float().numpy()
+      assert np.abs(with_bias - (expected + bias64)).max() / np.abs(expected).max() < tolerance(), (layout, out, "bias")
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
   assert lanes_rows_dtypes(T) == {dtypes.float32}
   assert {name: name.split("_")[2] == "ahead" for name in lanes_programs()} == lanes_prefetching(), "prefetch: C only"

@@ -46,24 +46,29 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + split_opts(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
-def vectors_kernel(out:UOp, x:UOp, w:UOp, threads:int=1) -> UOp:
-  """out[..., n] = sum_k x[t, k] * w[n, k], float32; x (T, C), w (N, C), out (..., N), T rows: for each output, a
-  chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4 floats at
-  once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a time)."""
+def vectors_kernel(out:UOp, x:UOp, w:UOp, *bias:UOp, threads:int=1) -> UOp:
+  """out[..., n] = sum_k x[t, k] * w[n, k] (+ bias[n], where given), float32; x (T, C), w (N, C), out (..., N), T
+  rows: for each output, a chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores
+  at most 4 floats at once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4
+  at a time)."""
   (T, C), N = x.shape, out.shape[-1]
   out, chunk = out.reshape(T, N), row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
   first = out[tc * chunk, n]
-  sums = UOp(Ops.CUSTOMI, dtypes.float32, (first, x[tc * chunk, 0], w[n, 0]), dot(chunk, N, C, w.dtype))
+  srcs = (first, x[tc * chunk, 0], w[n, 0], *(b[n] for b in bias))
+  sums = UOp(Ops.CUSTOMI, dtypes.float32, srcs, dot(chunk, N, C, w.dtype, bias[0].dtype if bias else None))
   info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
   return first.store(sums).end(tc, n).sink(arg=info)
 
-def dot(rows:int, N:int, C:int, dtype) -> str:
-  """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}): the weight's row 8 elements at a
-  time into float32 vectors, two vectors of sums a row, the sums of the rows after the first written to out ({0}, rows
-  N apart), the first row's the expression's value."""
-  code = string.Template(DOT).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize)
-  return code.replace("{", "{{").replace("}", "}}").replace("@0", "{0}").replace("@1", "{1}").replace("@2", "{2}")
+def dot(rows:int, N:int, C:int, dtype, bias=None) -> str:
+  """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}) (plus the output's bias, {3}, of
+  dtype bias where given): the weight's row 8 elements at a time into float32 vectors, two vectors of sums a row, the
+  sums of the rows after the first written to out ({0}, rows N apart), the first row's the expression's value."""
+  add = f" + (float)*(const {C_TYPES[bias]} *)(@3)" if bias else ""
+  code = string.Template(DOT).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize,
+                                         bias=add)
+  return code.replace("{", "{{").replace("}", "}}").replace("@0", "{0}").replace("@1", "{1}").replace("@2", "{2}") \
+    .replace("@3", "{3}")
 
 C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the weights the vectors layout reads
 DOT = """({
@@ -79,7 +84,7 @@ DOT = """({
   float s[$rows];
   for (int t = 0; t < $rows; t++) {
     v r = a[t][0] + a[t][1];
-    s[t] = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
+    s[t] = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]))$bias;
     if (t) o[t * $N] = s[t];
   }
   s[0]; })"""
@@ -121,7 +126,10 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   rows = x.reshape(T, C).float()
   if layout == "vectors":   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
     sums = Tensor.empty(*B, N, dtype=dtypes.float32, device=x.device)   # contiguous (the lm_head's logits)
-    sums = sums.custom_kernel(rows, w, fxn=functools.partial(vectors_kernel, threads=core_splits(N, x.device)))[0]
+    # the bias inside where nothing but the output's cast follows (c_attn's float32 qkv: a kernel less a layer)
+    inside = [b] if b is not None and not gelu and (dtype or x.dtype) == dtypes.float32 else []
+    kernel = functools.partial(vectors_kernel, threads=core_splits(N, x.device))
+    sums, b = sums.custom_kernel(rows, w, *inside, fxn=kernel)[0], None if inside else b
     part = sums.reshape(T, N, 1)
   else:
     part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
