@@ -325,13 +325,14 @@ def lanes_rows_dtypes(T:int) -> set:
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), 2, 3, pytest.param(5, marks=pytest.mark.gpu), 9, 16])
 def test_lanes_kernel_computes_the_matmul(T):
-  """The lanes kernel in each layout is x @ w.T (+ b) for every width a step may run (its rows in chunks: 9 = 3 x 3,
-  16 = 2 x 8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype. The kernel reads its
-  rows in float32: where rows and weights were both half, clang converted and multiplied one element at a time."""
+  """The lanes kernel in each layout is x @ w.T (+ b) (+ a residual) for every width a step may run (its rows in
+  chunks: 9 = 3 x 3, 16 = 2 x 8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype.
+  The kernel reads its rows in float32: where rows and weights were both half, clang converted and multiplied one
+  element at a time."""
   rng, prefetches = np.random.default_rng(T), internals.runs_c_functions(Device.DEFAULT)
   for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
-    x, w, b = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
-               for shape in ((1, T, C), (N, C), (N,)))
+    x, w, b, r = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
+                  for shape in ((1, T, C), (N, C), (N,), (1, T, N)))
     expected = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
     bias64 = b.float().numpy().astype(np.float64)
     layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l, Device.DEFAULT)]
@@ -350,6 +351,13 @@ def test_lanes_kernel_computes_the_matmul(T):
       assert np.abs(got.float().numpy() - expected).max() / np.abs(expected).max() < tolerance(), (layout, out)
       with_bias = lanes.linear(x, w, out, layout, b).float().numpy()
       assert np.abs(with_bias - (expected + bias64)).max() / np.abs(expected).max() < tolerance(), (layout, out, "bias")
+      for bias, plus in ((None, 0), (b, bias64)):   # and a residual added (the vectors layout: inside, in one kernel)
+        residual = r.cast(out or x.dtype).realize()
+        kernels = GlobalCounters.kernel_count
+        with_residual = lanes.linear(x32, w, out, layout, bias, residual=residual).realize()
+        assert layout != "vectors" or GlobalCounters.kernel_count - kernels == 1, ("the residual's own kernel", bias)
+        want = expected + plus + r.float().numpy()
+        assert np.abs(with_residual.float().numpy() - want).max() / np.abs(want).max() < tolerance(), (layout, out)
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
   assert lanes_rows_dtypes(T) == {dtypes.float32}
   assert {name: name.split("_")[2] == "ahead" for name in lanes_programs()} == lanes_prefetching(), "prefetch: C only"

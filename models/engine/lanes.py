@@ -46,35 +46,42 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + split_opts(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
-def vectors_kernel(out:UOp, x:UOp, w:UOp, *bias:UOp, threads:int=1) -> UOp:
-  """out[..., n] = sum_k x[t, k] * w[n, k] (+ bias[n], where given), float32; x (T, C), w (N, C), out (..., N), T
-  rows: for each output, a chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores
-  at most 4 floats at once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4
-  at a time)."""
+def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, residual:bool=False, threads:int=1) -> UOp:
+  """out[..., n] = sum_k x[t, k] * w[n, k] (+ bias[n]) (+ residual[..., n]) in out's dtype, float32 inside, the bias and
+  the residual (rest, in that order) where given; x (T, C), w (N, C), out and residual (..., N), T rows: for each
+  output, a chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4
+  floats at once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a
+  time)."""
   (T, C), N = x.shape, out.shape[-1]
   out, chunk = out.reshape(T, N), row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
   first = out[tc * chunk, n]
-  srcs = (first, x[tc * chunk, 0], w[n, 0], *(b[n] for b in bias))
-  sums = UOp(Ops.CUSTOMI, dtypes.float32, srcs, dot(chunk, N, C, w.dtype, bias[0].dtype if bias else None))
+  b, r = (rest[0] if bias else None), (rest[-1].reshape(T, N) if residual else None)
+  srcs = (first, x[tc * chunk, 0], w[n, 0], first if b is None else b[n], first if r is None else r[tc * chunk, n])
+  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)))
   info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
-  return first.store(sums).end(tc, n).sink(arg=info)
+  return first.store(UOp(Ops.CUSTOMI, dtypes.float32, srcs, code).cast(out.dtype)).end(tc, n).sink(arg=info)
 
-def dot(rows:int, N:int, C:int, dtype, bias=None) -> str:
-  """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}) (plus the output's bias, {3}, of
-  dtype bias where given): the weight's row 8 elements at a time into float32 vectors, two vectors of sums a row, the
-  sums of the rows after the first written to out ({0}, rows N apart), the first row's the expression's value."""
-  add = f" + (float)*(const {C_TYPES[bias]} *)(@3)" if bias else ""
-  code = string.Template(DOT).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize,
-                                         bias=add)
-  return code.replace("{", "{{").replace("}", "}}").replace("@0", "{0}").replace("@1", "{1}").replace("@2", "{2}") \
-    .replace("@3", "{3}")
+def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=None) -> str:
+  """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}): the weight's row 8 elements at a
+  time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the
+  residual ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's
+  kernels in dtype out; the rows after the first written to out ({0}, rows N apart), the first row's the expression's
+  value."""
+  value = "d" if out == dtypes.float32 else f"(float)({C_TYPES[out]})d"   # the sums cast to the output's dtype
+  if residual is not None: value = f"(float)((const {C_TYPES[residual]} *)(@4))[t * $N] + {value}"
+  if bias is not None: value = f"({value}) + (float)*(const {C_TYPES[bias]} *)(@3)"
+  code = string.Template(DOT.replace("$value", value)).substitute(rows=rows, N=N, vectors=C // 8,
+                                                                   weight=C_TYPES[dtype], size=dtype.itemsize,
+                                                                   out=C_TYPES[out])
+  for i in range(5): code = code.replace(f"@{i}", f"\x00{i}\x01")
+  return code.replace("{", "{{").replace("}", "}}").replace("\x00", "{").replace("\x01", "}")
 
 C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the weights the vectors layout reads
 DOT = """({
   typedef float v __attribute__((ext_vector_type(8), aligned(4)));
   typedef $weight h __attribute__((ext_vector_type(8), aligned($size)));
-  const h *w = (const h *)(@2); const v *x = (const v *)(@1); float *o = @0;
+  const h *w = (const h *)(@2); const v *x = (const v *)(@1); $out *o = ($out *)(@0);
   v a[$rows][2] = {};
   for (int k = 0; k < $vectors; k += 2)
     for (int u = 0; u < 2; u++) {
@@ -84,7 +91,8 @@ DOT = """({
   float s[$rows];
   for (int t = 0; t < $rows; t++) {
     v r = a[t][0] + a[t][1];
-    s[t] = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]))$bias;
+    float d = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
+    s[t] = $value;
     if (t) o[t * $N] = s[t];
   }
   s[0]; })"""
@@ -118,18 +126,23 @@ def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
   info = KernelInfo(name=f"gelu_{T}_{N}", opts_to_apply=())
   return out[t, n].store(y.gelu().cast(out.dtype)).end(t, n).sink(arg=info)
 
-def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=None, gelu:bool=False) -> Tensor:
-  """formula(x, w, dtype) (+ b, then GELU, where given) by the lanes kernel in this layout."""
+def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=None, gelu:bool=False,
+           residual:Tensor|None=None) -> Tensor:
+  """formula(x, w, dtype) (+ b, then GELU, then + residual, where given) by the lanes kernel in this layout."""
   *B, C = x.shape
   (T, N), (outputs, lanes, _, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
   rows = x.reshape(T, C).float()
   if layout == "vectors":   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
-    sums = Tensor.empty(*B, N, dtype=dtypes.float32, device=x.device)   # contiguous (the lm_head's logits)
-    # the bias inside where nothing but the output's cast follows (c_attn's float32 qkv: a kernel less a layer)
-    inside = [b] if b is not None and not gelu and (dtype or x.dtype) == dtypes.float32 else []
-    kernel = functools.partial(vectors_kernel, threads=core_splits(N, x.device))
-    sums, b = sums.custom_kernel(rows, w, *inside, fxn=kernel)[0], None if inside else b
+    # the bias and the residual inside, where GELU does not follow: no kernel of their own
+    if not gelu:
+      out = Tensor.empty(*B, N, dtype=dtype or x.dtype, device=x.device)   # contiguous (the lm_head's logits)
+      rest = [t for t in (b, residual) if t is not None]
+      kernel = functools.partial(vectors_kernel, bias=b is not None, residual=residual is not None,
+                                 threads=core_splits(N, x.device))
+      return out.custom_kernel(rows, w, *rest, fxn=kernel)[0]
+    sums = Tensor.empty(*B, N, dtype=dtypes.float32, device=x.device)
+    sums = sums.custom_kernel(rows, w, fxn=functools.partial(vectors_kernel, threads=core_splits(N, x.device)))[0]
     part = sums.reshape(T, N, 1)
   else:
     part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
@@ -141,4 +154,5 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
     y = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
     return y.custom_kernel(part, *([] if b is None else [b]), fxn=gelu_kernel)[0].reshape(*B, N)
   y = sums.cast(dtype or x.dtype)
-  return y if b is None else y + b
+  y = y if b is None else y + b
+  return y if residual is None else residual + y

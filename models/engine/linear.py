@@ -32,7 +32,7 @@ def apply(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:bool
     dtype = dtype or x.dtype
     # the lanes kernel reads float32 rows (lanes.linear()): its layer norm writes them
     if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps, dtype=dtypes.float32)
-    y = lanes.linear(x, w, dtype, way.option, b, gelu)
+    return lanes.linear(x, w, dtype, way.option, b, gelu, residual)
   else:
     if ln is not None: x = norm.layer_norm(x, ln.weight, ln.bias, ln.eps)
     y = lanes.formula(x, w, dtype)
@@ -83,7 +83,7 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
   if CHOSEN.needs("linear", key):
     # a layer norm's input is the residual stream; the other layers' (attention's, GELU's outputs) are of order 1
     x, *other = choice.activations(T, C, dtype=x_dtype) if lns else [choice.random(T, C, dtype=x_dtype)]
-    r = choice.random(T, N, dtype=x_dtype, seed=1) if residual else None
+    r = choice.random(T, N, dtype=dtype or x_dtype, seed=1) if residual else None   # the stream, as in a block
     weights = enough(weights)
     biases = biases[:len(weights)] if bias else [None] * len(weights)
     lns = lns[:len(weights)] if lns else [None] * len(weights)
