@@ -23,7 +23,7 @@ from models.engine import internals
 from models.engine.choice import CHOSEN, TINYGRAD, Way, captured, fastest, random, sources
 from models.engine.device import core_splits, row_chunk, split_opts, work_groups
 from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps, runs_c_functions
-from models.engine.lanes import C_TYPES
+from models.engine.lanes import C_TYPES, c_format
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
@@ -134,11 +134,10 @@ def fused_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   (_, T, C3), (_, _, H, P, D) = qkv.shape, cache.shape
   h = UOp.range(H, 0)
   first = out[0, 0, h * D]
-  code = string.Template(FUSED).substitute(T=T, C=C3 // 3, D=D, P=P, values=H * P * D, scale=repr(1 / math.sqrt(D)),
+  code = string.Template(FUSED).substitute(T=T, C=C3 // 3, D=D, P=P, values=H * P * D, scale=f"{1 / math.sqrt(D)!r}f",
                                            out=C_TYPES[out.dtype], qkv=C_TYPES[qkv.dtype], cache=C_TYPES[cache.dtype],
                                            qkv_size=qkv.dtype.itemsize, cache_size=cache.dtype.itemsize)
-  code = code.replace("{", "{{").replace("}", "}}").replace("@0", "{0}").replace("@1", "{1}").replace("@2", "{2}")
-  y = UOp(Ops.CUSTOMI, dtypes.float32, (first, qkv[0, 0, h * D], cache[0, 0, h, 0, 0], pos), code.replace("@3", "{3}"))
+  y = UOp(Ops.CUSTOMI, dtypes.float32, (first, qkv[0, 0, h * D], cache[0, 0, h, 0, 0], pos), c_format(code))
   info = KernelInfo(name=f"attention_{T}_{H}_{D}", opts_to_apply=split_opts(threads))
   return first.store(y.cast(out.dtype)).end(h).sink(arg=info)
 

@@ -7,7 +7,7 @@ registers while the weights stream past once, in one of a few layouts (LAYOUTS).
 layout, is measured per shape, width and dtype on the device (linear.py).
 """
 from __future__ import annotations
-import functools, math, string
+import functools, math, re, string
 from tinygrad import Tensor, UOp, dtypes
 from models.engine.device import core_splits, row_chunk, split_opts
 from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, OptOps, runs_c_functions
@@ -57,6 +57,7 @@ def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, residual:b
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
   first = out[tc * chunk, n]
   b, r = (rest[0] if bias else None), (rest[-1].reshape(T, N) if residual else None)
+  # the output stands in for a bias or residual not given: the C reads {3} and {4} only where they are
   srcs = (first, x[tc * chunk, 0], w[n, 0], first if b is None else b[n], first if r is None else r[tc * chunk, n])
   code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)))
   info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
@@ -74,10 +75,13 @@ def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=N
   code = string.Template(DOT.replace("$value", value)).substitute(rows=rows, N=N, vectors=C // 8,
                                                                    weight=C_TYPES[dtype], size=dtype.itemsize,
                                                                    out=C_TYPES[out])
-  for i in range(5): code = code.replace(f"@{i}", f"\x00{i}\x01")
-  return code.replace("{", "{{").replace("}", "}}").replace("\x00", "{").replace("\x01", "}")
+  return c_format(code)
 
-C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the weights the vectors layout reads
+def c_format(code:str) -> str:
+  """C whose sources are written @0, @1, ... as the format string of a CUSTOMI UOp: C's braces doubled, @i as {i}."""
+  return re.sub(r"@(\d)", r"{\1}", code.replace("{", "{{").replace("}", "}}"))
+
+C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the dtypes the C of the engine's kernels reads
 DOT = """({
   typedef float v __attribute__((ext_vector_type(8), aligned(4)));
   typedef $weight h __attribute__((ext_vector_type(8), aligned($size)));
