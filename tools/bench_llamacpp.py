@@ -128,15 +128,19 @@ def main():
   plain_flags = ["-no-cnv"] if "-no-cnv" in run([completion, "--help"], check=False) else []
   prompts, enc = PROMPTS[:args.prompts], models.tokenizer()
   rate_before = memory_rate()
-  ours, weight_bytes = {}, {}
-  for dtype in ("float32", "float16"):
+  # what each of spec's runs is given against: the target alone its weights' bytes (the memory floor), speculative
+  # sampling llama.cpp's plain decoding in the same dtype
+  ours, weight_bytes, llama_dtype = {}, {}, {}
+  for dtype, f in (("float32", "F32"), ("float16", "F16")):
     target_model = models.load(str(SHARED / "docs-deep"), dtype)
-    weight_bytes[f"spec, target alone, {dtype}"] = benchmark.sizes(target_model)[0]
     draft_dtype = models.draft_dtype("auto", target_model.dtype)   # as spec.py's --draft-dtype auto
     draft_model = models.load(str(SHARED / "docs-draft"), draft_dtype)
-    ours[f"spec, target alone, {dtype}"] = lambda p, n, t=target_model: spec.autoregressive_generate(t, p, n, eos=None)
-    ours[f"spec, speculative sampling (default flags), {dtype}, draft {draft_dtype}"] = \
-      lambda p, n, t=target_model, d=draft_model: spec.speculative_generate(t, d, p, max_new_tokens=n, eos=None)
+    alone = f"spec, target alone, {dtype}"
+    both = f"spec, speculative sampling (default flags), {dtype}, draft {draft_dtype}"
+    weight_bytes[alone], llama_dtype[both] = benchmark.sizes(target_model)[0], f
+    ours[alone] = lambda p, n, t=target_model: spec.autoregressive_generate(t, p, n, eos=None)
+    ours[both] = lambda p, n, t=target_model, d=draft_model: \
+      spec.speculative_generate(t, d, p, max_new_tokens=n, eos=None)
   for fn in ours.values():
     for p in prompts: fn(enc.encode(p), 4)                          # warm-up: the steps, every prefill width
   with tempfile.TemporaryDirectory() as tmp:
@@ -177,12 +181,8 @@ def main():
     print(f"| llama.cpp, llama-bench decoding, {f} (tg, no prompt, before the rest) | {1e3 / b['avg_ts']:.2f} | |")
   plain = {f: totals[f"llama.cpp, {completion.name} greedy decoding, {f}"] for f in ("F32", "F16")}
   for name, (ms, n) in totals.items():
-    # the target alone against its weights' bytes at the memory's rate; speculative sampling: llama.cpp's plain
-    # decoding of the same dtype over its time
     if name in weight_bytes: against = f"{ms / n / (weight_bytes[name] / rate * 1e3):.2f}x the memory floor"
-    elif name.startswith("spec, speculative"):
-      f = "F16" if "float16, draft" in name else "F32"
-      against = f"{plain[f][0] / plain[f][1] / (ms / n):.2f}x llama.cpp's {f} decoding"
+    elif f := llama_dtype.get(name): against = f"{plain[f][0] / plain[f][1] / (ms / n):.2f}x llama.cpp's {f} decoding"
     else: against = ""
     print(f"| {name} | {ms / n:.2f} | {against} |")
   same = first.strip()[:60] in text

@@ -254,7 +254,8 @@ def kernels_stage(st:Stage) -> None:
         attn = models.gpt2.Attention(cfg1, models.DTYPES[dtype])
         attn.cache_kv, qkv = r(2, 1, H, P, D, seed=7), r(1, T, 3 * C, seed=8)
         rows += compare("attention", (H, D, P // 4), T, dtype, name,
-                        lambda way, pos: attention.apply(attn, qkv, pos, way), attention.ways(D),
+                        lambda way, pos: attention.apply(attn, qkv, pos, way),
+                        attention.ways(D, (attn.cache_kv.dtype, qkv.dtype)),
                         UOp.variable("pos", 0, P - T).bind(P // 4), length=P)
         x = r(1, T, C, seed=9) * 3 + 20
         rows += compare("layer norm", (C,), T, dtype, name,

@@ -129,8 +129,8 @@ def combine_kernel(out:UOp, parts:UOp, qkv:UOp, cache:UOp, pos:UOp, length:int) 
 def fused_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   """formula() for a head a work-item, in C (FUSED): the block's keys and values from qkv (1, T, 3C) into the cache
   (2, 1, H, P, D) at pos, then for each row t softmax(q k^T / sqrt(D)) v over positions up to pos + t into out
-  (1, T, C), float32 inside; the heads in `threads` parts. The C writes every output but the head's first, the
-  expression's value."""
+  (1, T, C), float32 inside; the heads in `threads` parts. The C writes every output; its value, the head's first, is
+  tinygrad's store."""
   (_, T, C3), (_, _, H, P, D) = qkv.shape, cache.shape
   h = UOp.range(H, 0)
   first = out[0, 0, h * D]
@@ -248,7 +248,7 @@ def fused_fits(D:int, dtypes_:tuple, device:str) -> bool:
   """Whether fused_kernel() runs: C, a head dimension of whole vectors of 8, dtypes it converts."""
   return D % 8 == 0 and all(d in C_TYPES for d in dtypes_) and runs_c_functions(device)
 
-def ways(D:int, dtypes_:tuple=()) -> list[Way]:
+def ways(D:int, dtypes_:tuple) -> list[Way]:
   """The ways that fit a head dimension D (and the cache's and rows' dtypes) on this device, tinygrad's first: the CPU
   design ("rows"), where the device runs C the fused kernel ("fused"), and where it has work-groups the GPU design at
   each chunk length ("chunks")."""
