@@ -1,6 +1,6 @@
 """The engine (models/engine/): each kernel against the formula it replaces, measured choices, the replay graph, the
 stored steps, the fallback where a kernel cannot run, and the engine against the port alone (plain)."""
-import contextlib, itertools, json, os, pathlib, signal, subprocess, sys, threading, time, types
+import contextlib, itertools, json, os, pathlib, signal, struct, subprocess, sys, threading, time, types
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, UOp, Device, Context, dtypes, nn
@@ -604,6 +604,38 @@ def test_attention_kernels_compute_attention(T):
   kinds = ["scores", "values"] + ["wide_scores", "chunks", "combine"] * device.work_groups() + ["attention"] * c
   assert {f"{k}_{T}_{H}_{D}" for k in kinds} <= attention_programs()
   assert len(attention.ways(D, (getattr(dtypes, dtype()), dtypes.float32))) == 2 + 2 * device.work_groups() + c
+
+def undefined_symbols(obj:bytes) -> list[str]:
+  """The names an ELF64 object file leaves undefined: its symbol table's entries in no section."""
+  shoff, (shentsize, shnum) = struct.unpack_from("<Q", obj, 0x28)[0], struct.unpack_from("<HH", obj, 0x3A)
+  sections = [struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * shentsize) for i in range(shnum)]
+  names = []
+  for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+    if kind != 2: continue   # SHT_SYMTAB
+    strings = sections[link][4]
+    for j in range(1, size // entsize):
+      name, _, _, section = struct.unpack_from("<IBBH", obj, offset + j * entsize)
+      if section == 0 and name: names.append(obj[strings + name:obj.index(b"\0", strings + name)].decode())
+  return names
+
+@pytest.mark.backend
+def test_the_engines_c_links_nothing():
+  """Where C runs, the engine's own C (the vectors layout, attention's fused kernel), compiled as tinygrad compiles it,
+  calls no function: its programs link no libc, and clang called memset for a 32-row prefill's zeroed arrays, which
+  resolved to no code (the process jumped into unmapped memory). At the widest rows each kernel is built for."""
+  if not internals.runs_c_functions(Device.DEFAULT): return
+  H, P, D = 4, 128, 64
+  qkv = Tensor(np.random.default_rng(0).standard_normal((1, 64, 3 * H * D)).astype(np.float32)).realize()
+  attn = layer(H, P, D, Tensor.zeros(2, 1, H, P, D).cast(dtype()).contiguous().realize())
+  attention.apply(attn, qkv, 0, Way("fused")).realize()
+  x, w = Tensor.ones(16, 256).contiguous().realize(), Tensor.ones(64, 256).cast(dtype()).contiguous().realize()
+  lanes.linear(x, w, dtypes.float32, "vectors", Tensor.ones(64).contiguous(), residual=Tensor.ones(16, 64)).realize()
+  names = ("attention_64_4_64", "lanes_vectors_16_64_256")
+  programs = {p.arg.name: p for p in to_program_cache.values() if p.arg.name in names}
+  assert len(programs) == 2
+  for name, p in programs.items():
+    source = next(s.arg for s in p.src if isinstance(s.arg, str) and "void" in s.arg)
+    assert undefined_symbols(Device[Device.DEFAULT].compiler.compile(source)) == [], name
 
 def test_attention_choose_measures_every_way_at_two_contexts(monkeypatch, disk):
   """attention.choose() times every way that fits over some of the layers (on caches of their own: the model's stay as

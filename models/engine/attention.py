@@ -141,6 +141,8 @@ def fused_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   info = KernelInfo(name=f"attention_{T}_{H}_{D}", opts_to_apply=split_opts(threads))
   return first.store(y.cast(out.dtype)).end(h).sink(arg=info)
 
+# arrays are zeroed by loops, not `= {}`: clang calls memset for a large initializer, which a program that links no
+# libc resolves to no code (a 32-row prefill's kernel jumped into unmapped memory)
 # exp(x) for x <= 0 as Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial, 2^n in the exponent's bits
 # (tinygrad's CPU programs link no libm); below -87 (under float32's smallest normal) it is 2^-126, not 0: beside the
 # largest score's 1 it rounds away
@@ -156,14 +158,18 @@ FUSED = """({
       keys[(pos + t) * $D + d] = qkv[t * 3 * $C + $C + d];
       values[(pos + t) * $D + d] = qkv[t * 3 * $C + 2 * $C + d];
     }
-  v q[$T][$D / 8], acc[$T][$D / 8] = {};
+  v q[$T][$D / 8], acc[$T][$D / 8];
   for (int t = 0; t < $T; t++)
-    for (int i = 0; i < $D / 8; i++) q[t][i] = __builtin_convertvector(((const q8 *)(qkv + t * 3 * $C))[i], v);
+    for (int i = 0; i < $D / 8; i++) {
+      q[t][i] = __builtin_convertvector(((const q8 *)(qkv + t * 3 * $C))[i], v);
+      acc[t][i] = (v)0;
+    }
   float p[$T][$P + 8], m[$T], l[$T];
   int S = pos + $T;
   for (int t = 0; t < $T; t++) m[t] = -3e38f;
   for (int s = 0; s < S; s++) {
-    v a[$T] = {};
+    v a[$T];
+    for (int t = 0; t < $T; t++) a[t] = (v)0;
     for (int i = 0; i < $D / 8; i++) {
       v k = __builtin_convertvector(((const c *)(keys + s * $D))[i], v);
       for (int t = 0; t < $T; t++) a[t] += q[t][i] * k;
