@@ -844,6 +844,66 @@ def test_captured_steps_are_stored_and_run_on_the_loading_models_weights(tiny_di
   np.testing.assert_array_equal(decode(again), loaded)
   assert step(load(tiny_dir / "other")).captured is not None, "not rewritten"
 
+def anon_huge_kb(address:int) -> int:
+  """The huge pages, in kB, that back the mapping holding address (/proc/self/smaps)."""
+  inside = False
+  for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
+    if (fields := line.split())[0].count("-") == 1 and len(fields) >= 5 and ":" not in fields[0]:
+      start, end = (int(a, 16) for a in fields[0].split("-"))
+      inside = start <= address < end
+    elif inside and fields[0] == "AnonHugePages:": return int(fields[1])
+  raise AssertionError(f"no mapping holds {address:#x}")
+
+class State:
+  """A model's weights in small: one over several huge pages, a bias, an int32 table."""
+  def __init__(self):
+    rng = np.random.default_rng(3)
+    self.weight = Tensor(rng.standard_normal((1024, 2048), dtype=np.float32)).realize()
+    self.bias = Tensor(rng.standard_normal(7, dtype=np.float32)).realize()
+    self.table = Tensor(np.arange(5, dtype=np.int32)).realize()
+
+@pytest.mark.quick
+@pytest.mark.backend
+def test_the_state_moves_into_huge_pages_with_its_values(capfd):
+  """Where the device's buffers are the process's memory (tinygrad's CPU backend), pages.move() puts each of a model's
+  weights into one mapping, values unchanged: what is written into the mapping is what the tensor holds; the
+  system backs it with huge pages where it gives them, else one line says why and nothing moves. On another device
+  nothing moves and nothing is said."""
+  import ctypes
+  from models.engine import pages
+  model = State()
+  before = {name: t.numpy() for name, t in vars(model).items()}
+  pages.move(model)
+  for name, t in vars(model).items(): np.testing.assert_array_equal(t.numpy(), before[name])
+  if not internals.host_buffers(Device.DEFAULT) or pages.refused() is not None:
+    assert model not in pages.mappings
+    lines = [l for l in capfd.readouterr().err.splitlines() if "4 KB pages" in l]
+    assert len(lines) == (internals.host_buffers(Device.DEFAULT) and pages.refused() is not None), lines
+    return
+  base = ctypes.addressof(ctypes.c_char.from_buffer(pages.mappings[model]))
+  base += -base % pages.HUGE_PAGE
+  first = pages.weights(model)[0]
+  assert first is model.weight
+  ctypes.c_float.from_address(base).value = 42.0
+  assert first.numpy()[0, 0] == 42.0, "the weight is no view of the mapping"
+  assert anon_huge_kb(base) >= 4096, "no huge pages back the weight's 8 MB"
+
+def test_where_the_system_gives_no_huge_pages_the_state_stays_with_one_line(tmp_path, monkeypatch, capfd):
+  from models.engine import pages
+  (thp := tmp_path / "enabled").write_text("always madvise [never]\n")
+  monkeypatch.setattr(pages, "THP", str(thp))
+  pages.refused.cache_clear()
+  try:
+    model, other = State(), State()
+    pages.move(model)
+    pages.move(other)
+  finally: pages.refused.cache_clear()
+  assert model not in pages.mappings and other not in pages.mappings
+  lines = [l for l in capfd.readouterr().err.splitlines() if "4 KB pages" in l]
+  if internals.host_buffers(Device.DEFAULT): assert lines == [f"spec: a model's weights stay in 4 KB pages: "
+                                                              f"transparent huge pages are off ({thp}: never)"]
+  else: assert lines == []
+
 @pytest.mark.backend
 @pytest.mark.parametrize("T", [pytest.param(1, marks=pytest.mark.gpu), pytest.param(3, marks=pytest.mark.gpu), 16])
 def test_matvec_kernel_computes_the_formula(T):

@@ -9,6 +9,7 @@
 - replay.py: a JIT graph for devices without one (CPU, OpenCL), used by the engine's steps only; native.py: a step in
   one native call on tinygrad's CPU backend.
 - store.py: captured steps stored on disk and loaded by later processes.
+- pages.py: the model's weights in huge pages on tinygrad's CPU backend.
 - device.py: what the device offers the kernels; internals.py: every use of tinygrad beyond its public names.
 models.load(..., plain=True) skips apply(): the port alone, on tinygrad's own kernels and executor. docs/engine.md.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib, functools, sys, threading, time, weakref
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from models.gpt2 import GPT2
-from models.engine import attention, choice, internals, linear, native, norm, replay, store
+from models.engine import attention, choice, internals, linear, native, norm, pages, replay, store
 from models.engine.choice import CHOSEN, TINYGRAD, Way
 
 STEP_WIDTH = 16   # the widest step pass whose kernels are chosen and searched: K+1 tokens for K up to 15
@@ -28,7 +29,9 @@ SHORTCUTS = 4     # a step's inputs it keeps a shortcut for (replay.Shortcut)
 def apply(model:GPT2, search:int=0) -> GPT2:
   """The one seam: model's blocks, final layer norm and lm_head computed by the engine's kernels where they measure
   faster, its JIT-compiled steps compiled through compile() (kernel choices, BEAM search of width search, the store,
-  the replay graph), and a step's output read by read(). The state (weights, KV cache) and its names do not change."""
+  the replay graph), and a step's output read by read(). The state (weights, KV cache) keeps its names and values, the
+  weights in huge pages where the device's buffers are the process's memory (pages.py)."""
+  pages.move(model)
   model.h = [Block(block) for block in model.h]
   model.ln_f = norm.LayerNorm(model.ln_f)
   model.lm_head = functools.partial(linear.head, w=model.wte.weight)

@@ -23,8 +23,8 @@ from tinygrad.engine.realize import get_call_arg_uops, get_graph_runtime, resolv
 
 __all__ = ["AddrSpace", "AxisType", "KernelInfo", "Ops", "Opt", "OptOps", "Batch", "address", "batches", "c_entry",
            "cache_folder", "caching", "capture_next", "cpu_threads", "custom_call", "get_state_dict", "graph_runner",
-           "has_half", "inputs_of", "program_settings", "read", "renumbered", "returned", "runs_c_functions", "target",
-           "threads_in_kernels", "work_groups", "writes_any"]
+           "has_half", "host_buffers", "inputs_of", "program_settings", "read", "renumbered", "returned",
+           "runs_c_functions", "target", "threads_in_kernels", "unmap_freed", "work_groups", "writes_any"]
 
 # ***** the device *****
 
@@ -61,6 +61,16 @@ def c_entry(program) -> tuple[int, int]:
   return program.addr, program.runtimevars.get("core_id", -1)
 
 def address(handle) -> int: return handle.va_addr   # a CPU buffer's address, as its programs take it
+
+def host_buffers(device:str) -> bool:
+  """Whether the device's buffers are this process's memory, a Tensor.from_blob's pointer taken as is (tinygrad's CPU
+  backend)."""
+  from tinygrad.runtime.ops_cpu import CPUAllocator
+  return isinstance(Device[device].allocator, CPUAllocator)
+
+def unmap_freed(device:str) -> None:
+  """The buffers tinygrad's allocator keeps after they were freed, for a later buffer of the same size, given back."""
+  Device[device].allocator.free_cache()
 
 # ***** the disk cache *****
 
