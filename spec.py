@@ -16,7 +16,7 @@ drafters and the verifier, 4. the device primitives (argmax, a top-k/top-p thres
 form tinygrad runs fast), 5. the plumbing (warm-up, -K auto, statistics), 6. the command line.
 """
 from __future__ import annotations
-import argparse, codecs, collections, json, math, os, statistics, sys, time, weakref
+import argparse, codecs, collections, functools, json, math, os, statistics, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
 from tinygrad import Tensor, UOp, dtypes
@@ -458,7 +458,10 @@ def width(block:Tensor|list[int]) -> int:
 
 def token_variables(tokens:list[int]) -> list[UOp]:
   """Token ids as bound variables: a new value reaches a compiled step without a copy, and nothing recompiles."""
-  return [UOp.variable(f"token{i}", 0, 2**31 - 1).bind(t) for i, t in enumerate(tokens)]
+  return [token_variable(i).bind(t) for i, t in enumerate(tokens)]
+
+@functools.cache
+def token_variable(i:int) -> UOp: return UOp.variable(f"token{i}", 0, 2**31 - 1)   # made once: 20-30 us a round each
 
 def token_tensor(ids:tuple[UOp, ...]) -> Tensor:  # (1, w) int32, computed inside the kernels that read it
   return Tensor.stack(*map(Tensor, ids)).cast(dtypes.int32).reshape(1, len(ids))
