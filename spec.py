@@ -187,7 +187,7 @@ def propose(draft:GPT2, start_pos, key:Tensor, nonce:UOp, warping:tuple, *unseen
   unseen = token_tensor(unseen_ids)
   tokens, pos, drafted, ps = unseen, start_pos, [], []
   for t in range(K):
-    logits = padded(draft.forward(tokens, pos)[-1:])
+    logits = padded(draft.forward(tokens, pos, last=True))
     # x~_t+1 = argmax p(x | x_1..x_n, x~_1..x~_t)
     if greedy: x = best(logits)[:, 0]
     else:
@@ -309,8 +309,8 @@ class ModelDraft:
     positions = self.model.positions.bind(start)
     return call(self.step(len(tokens) - start, K), self.model, positions, self.key, NONCE.bind(nonce), self.warping,
                 *token_variables(tokens[start:]))
-  def step(self, w:int, K:int):  # a pass over the w unseen tokens, then K - 1 passes of one token
-    return self.model.jit(propose, w, passes=(w, 1) if K > 1 else (w,), K=K, **self.static)
+  def step(self, w:int, K:int):  # a pass over the w unseen tokens (the last one's logits), then K - 1 of one token
+    return self.model.jit(propose, w, passes=(w, 1), K=K, **self.static)
   def warm(self, K:int) -> bool: return all(warm(self.step(w, K)) for w in (1, 2))
 
 @dataclass(frozen=True)

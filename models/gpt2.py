@@ -112,11 +112,13 @@ class GPT2:
     self.positions = UOp.variable("start_pos", 0, cfg.n_positions - 1)    # the JIT's symbolic start position
     self.jits: dict[tuple, TinyJit] = {}                                   # this instance's own (jit())
 
-  def forward(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
-    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each."""
+  def forward(self, tokens:Tensor, start_pos:int|UOp, last:bool=False) -> Tensor:
+    """tokens (1, T) at positions start_pos .. start_pos+T-1 -> float32 logits (T, vocab) for the token after each;
+    last: for the token after the last only (1, vocab), all a draft's step needs."""
+    x = self.blocks(tokens, start_pos)[0]
     # materialized: a reduction over the logits (greedy's argmax) would otherwise compute the lm_head inside its own
     # kernel, one that a GPU runs on a few hundred threads
-    return self.lm_head(self.ln_f(self.blocks(tokens, start_pos))[0]).contiguous()[:, :self.cfg.vocab_size]
+    return self.lm_head(self.ln_f(x[-1:] if last else x)).contiguous()[:, :self.cfg.vocab_size]
 
   def blocks(self, tokens:Tensor, start_pos:int|UOp) -> Tensor:
     """The embeddings through every block, filling the KV cache: (1, T, C)."""

@@ -29,7 +29,11 @@ def test_parity_tiny_random(tmp_path, prefixed, plain):
   weights = random_weights(TINY, seed=11)
   model = load(write_checkpoint(tmp_path / "ckpt", TINY, weights, prefixed), plain=plain)
   tokens = list(np.random.default_rng(0).integers(0, TINY["vocab_size"], 20))
-  assert_close(logits(model, tokens), np_gpt2_logits(weights, TINY["n_head"], tokens))
+  expected = np_gpt2_logits(weights, TINY["n_head"], tokens)
+  assert_close(logits(model, tokens), expected)
+  last = model.forward(Tensor([tokens], dtype=dtypes.int32), 0, last=True).numpy()   # a draft step's: the last row's
+  assert last.shape == (1, TINY["vocab_size"])
+  assert_close(last, expected[-1:])
 
 @pytest.mark.backend
 def test_padded_lm_head(tmp_path):
