@@ -46,12 +46,13 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   info = KernelInfo(name=f"{name}_{T}_{N}_{x.shape[1]}", opts_to_apply=opts + split_opts(threads))
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
-def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, residual:bool=False, threads:int=1) -> UOp:
-  """out[..., n] = sum_k x[t, k] * w[n, k] (+ bias[n]) (+ residual[..., n]) in out's dtype, float32 inside, the bias and
-  the residual (rest, in that order) where given; x (T, C), w (N, C), out and residual (..., N), T rows: for each
-  output, a chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer stores at most 4
-  floats at once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves converted 4 at a
-  time)."""
+def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, gelu:bool=False, residual:bool=False,
+                   threads:int=1) -> UOp:
+  """out[..., n] = sum_k x[t, k] * w[n, k] (+ bias[n]), then GELU of it or + residual[..., n], in out's dtype, float32
+  inside, the bias and the residual (rest, in that order) where given; x (T, C), w (N, C), out and residual (..., N),
+  T rows: for each output, a chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer
+  stores at most 4 floats at once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves
+  converted 4 at a time)."""
   (T, C), N = x.shape, out.shape[-1]
   out, chunk = out.reshape(T, N), row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
@@ -59,19 +60,20 @@ def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, residual:b
   b, r = (rest[0] if bias else None), (rest[-1].reshape(T, N) if residual else None)
   # the output stands in for a bias or residual not given: the C reads {3} and {4} only where they are
   srcs = (first, x[tc * chunk, 0], w[n, 0], first if b is None else b[n], first if r is None else r[tc * chunk, n])
-  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)))
+  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)), gelu=gelu)
   info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
   return first.store(UOp(Ops.CUSTOMI, dtypes.float32, srcs, code).cast(out.dtype)).end(tc, n).sink(arg=info)
 
-def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=None) -> str:
+def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=None, gelu:bool=False) -> str:
   """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}): the weight's row 8 elements at a
   time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the
   residual ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's
-  kernels in dtype out; the rows after the first written to out ({0}, rows N apart), the first row's the expression's
-  value."""
+  kernels in dtype out, or GELU(sum + bias) in float32 as gelu_kernel() computes it; the rows after the first written
+  to out ({0}, rows N apart), the first row's the expression's value."""
   value = "d" if out == dtypes.float32 else f"(float)({C_TYPES[out]})d"   # the sums cast to the output's dtype
   if residual is not None: value = f"(float)((const {C_TYPES[residual]} *)(@4))[t * $N] + {value}"
   if bias is not None: value = f"({value}) + (float)*(const {C_TYPES[bias]} *)(@3)"
+  if gelu: value = GELU.replace("$x", "d" if bias is None else f"d + (float)*(const {C_TYPES[bias]} *)(@3)")
   code = string.Template(DOT.replace("$value", value)).substitute(rows=rows, N=N, vectors=C // 8,
                                                                    weight=C_TYPES[dtype], size=dtype.itemsize,
                                                                    out=C_TYPES[out])
@@ -101,6 +103,19 @@ DOT = """({
   }
   s[0]; })"""
 
+# GELU(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) = (1 - e) / (1 + e) with e = exp(-2|y|), the sign
+# y's; exp of a value <= 0 as Cephes' expf (attention.FUSED): tinygrad's CPU programs link no libm
+GELU = """({
+    float g = $x, y = 0.7978845608f * (g + 0.044715f * g * g * g), x = y < 0 ? 2 * y : -2 * y;
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f, r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float e = ((((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
+                + 1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f);
+    union { int i; float f; } scale = {((int)n + 127) << 23};
+    e *= scale.f;
+    float th = (1.0f - e) / (1.0f + e);
+    0.5f * g * (1.0f + (y < 0 ? -th : th)); })"""
+
 def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
   """A statement that asks for the row of w (N, C) about `ahead` bytes after row n (the next at least, the last at the
   end), each of its cache lines: a store of 0 into a register, clang's __builtin_prefetch calls in its value (a
@@ -124,8 +139,7 @@ def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
   kernel for it, upcast by 4, renders GELU's exp as scalar code (docs/engine.md)."""
   (T, N), L = out.shape, part.shape[2]
   t, n = UOp.range(T, 0), UOp.range(N, 1)
-  if L == 1: y = part[t, n, 0]   # the vectors layout's sums: a reduce over one lane would fold to no range
-  else: y = part[t, n, l := UOp.range(L, 2, AxisType.REDUCE)].reduce(l, arg=Ops.ADD)
+  y = part[t, n, l := UOp.range(L, 2, AxisType.REDUCE)].reduce(l, arg=Ops.ADD)
   if bias: y = y + bias[0][n].cast(dtypes.float32)
   info = KernelInfo(name=f"gelu_{T}_{N}", opts_to_apply=())
   return out[t, n].store(y.gelu().cast(out.dtype)).end(t, n).sink(arg=info)
@@ -138,22 +152,18 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
   rows = x.reshape(T, C).float()
   if layout == "vectors":   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
-    # the bias and the residual inside, where GELU does not follow: no kernel of their own
-    if not gelu:
-      out = Tensor.empty(*B, N, dtype=dtype or x.dtype, device=x.device)   # contiguous (the lm_head's logits)
-      rest = [t for t in (b, residual) if t is not None]
-      kernel = functools.partial(vectors_kernel, bias=b is not None, residual=residual is not None,
-                                 threads=core_splits(N, x.device))
-      return out.custom_kernel(rows, w, *rest, fxn=kernel)[0]
-    sums = Tensor.empty(*B, N, dtype=dtypes.float32, device=x.device)
-    sums = sums.custom_kernel(rows, w, fxn=functools.partial(vectors_kernel, threads=core_splits(N, x.device)))[0]
-    part = sums.reshape(T, N, 1)
-  else:
-    part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
-    kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
-    part = part.custom_kernel(rows, w, fxn=kernel)[0]
-    # the lanes summed outside, fused with what follows (bias, residual): inside, compilers kept them on the stack
-    sums = part.sum(-1).reshape(*B, N)
+    # the bias, then GELU or the residual, inside: no kernel of their own
+    out = Tensor.empty(*B, N, dtype=dtype or x.dtype, device=x.device)   # contiguous (the lm_head's logits)
+    inside = None if gelu else residual
+    kernel = functools.partial(vectors_kernel, bias=b is not None, gelu=gelu, residual=inside is not None,
+                               threads=core_splits(N, x.device))
+    y = out.custom_kernel(rows, w, *[t for t in (b, inside) if t is not None], fxn=kernel)[0]
+    return y if residual is None or inside is not None else residual + y
+  part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
+  kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
+  part = part.custom_kernel(rows, w, fxn=kernel)[0]
+  # the lanes summed outside, fused with what follows (bias, residual): inside, compilers kept them on the stack
+  sums = part.sum(-1).reshape(*B, N)
   if gelu:
     y = Tensor.empty(T, N, dtype=dtype or x.dtype, device=x.device)
     return y.custom_kernel(part, *([] if b is None else [b]), fxn=gelu_kernel)[0].reshape(*B, N)
