@@ -461,7 +461,7 @@ def token_variables(tokens:list[int]) -> list[UOp]:
   return [token_variable(i).bind(t) for i, t in enumerate(tokens)]
 
 @functools.cache
-def token_variable(i:int) -> UOp: return UOp.variable(f"token{i}", 0, 2**31 - 1)   # made once: 20-30 us a round each
+def token_variable(i:int) -> UOp: return UOp.variable(f"token{i}", 0, 2**31 - 1)   # made once: binding is cheaper
 
 def token_tensor(ids:tuple[UOp, ...]) -> Tensor:  # (1, w) int32, computed inside the kernels that read it
   return Tensor.stack(*map(Tensor, ids)).cast(dtypes.int32).reshape(1, len(ids))

@@ -23,7 +23,7 @@ from models.engine import internals
 from models.engine.choice import CHOSEN, TINYGRAD, Way, captured, fastest, random, sources
 from models.engine.device import core_splits, row_chunk, split_opts, work_groups
 from models.engine.internals import AxisType, KernelInfo, Ops, Opt, OptOps, runs_c_functions
-from models.engine.lanes import C_TYPES, c_format
+from models.engine.lanes import C_TYPES, c_format, exp_c
 
 SPLIT = 4   # outputs of the head dimension a work-item of the weighted sum holds per row
 LENGTHS = (32, 64)   # positions a chunk holds (the options measured)
@@ -135,6 +135,7 @@ def fused_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   h = UOp.range(H, 0)
   first = out[0, 0, h * D]
   code = string.Template(FUSED).substitute(T=T, C=C3 // 3, D=D, P=P, values=H * P * D, scale=f"{1 / math.sqrt(D)!r}f",
+                                           exp=exp_c("x", "v", "vi"),
                                            out=C_TYPES[out.dtype], qkv=C_TYPES[qkv.dtype], cache=C_TYPES[cache.dtype],
                                            qkv_size=qkv.dtype.itemsize, cache_size=cache.dtype.itemsize)
   y = UOp(Ops.CUSTOMI, dtypes.float32, (first, qkv[0, 0, h * D], cache[0, 0, h, 0, 0], pos), c_format(code))
@@ -142,10 +143,8 @@ def fused_kernel(out:UOp, qkv:UOp, cache:UOp, pos:UOp, threads:int=1) -> UOp:
   return first.store(y.cast(out.dtype)).end(h).sink(arg=info)
 
 # arrays are zeroed by loops, not `= {}`: clang calls memset for a large initializer, which a program that links no
-# libc resolves to no code (a 32-row prefill's kernel jumped into unmapped memory)
-# exp(x) for x <= 0 as Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial, 2^n in the exponent's bits
-# (tinygrad's CPU programs link no libm); below -87 (under float32's smallest normal) it is 2^-126, not 0: beside the
-# largest score's 1 it rounds away
+# libc resolves to no code (a 32-row prefill's kernel jumped into unmapped memory); exp by lanes.exp_c(): its 2^-126
+# below -87, beside the largest score's 1, rounds away
 FUSED = """({
   typedef float v __attribute__((ext_vector_type(8), aligned(4)));
   typedef int vi __attribute__((ext_vector_type(8), aligned(4)));
@@ -184,13 +183,7 @@ FUSED = """({
     v sum = {};
     for (int s = 0; s < S; s += 8) {
       v x = *(v *)&p[t][s] - m[t];
-      x = x < -87.0f ? (v)-87.0f : x;
-      v n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-      v r = x - n * 0.693359375f + n * 2.12194440e-4f, z = r * r;
-      v e = ((((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
-              + 1.6666665459e-1f) * r + 5.0000001201e-1f) * z + r + 1.0f);
-      vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-      e *= (v)bits;
+      $exp
       *(v *)&p[t][s] = e;
     }
     for (int s = pos + t + 1; s < S + 8; s++) p[t][s] = 0;

@@ -187,8 +187,9 @@ def captured(fn, calls:list[tuple], timed:int=1, before=None, after=list):
   schedule cache) captured by a TinyJit on tinygrad's default kernels, on the first tuple of arguments in calls; its
   calls on the first `timed` timed (best of 3, each after before() where given; without before(), of as many as take
   SAMPLED, at most 30) and summed, each as a step's later calls run (replay.Shortcut, where it has one: TinyJit's own
-  call adds 0.1-0.3 ms that hid a small layer's kernels' 3x); the outputs of a call on each, then after()'s (what the
-  call left behind); and a function that times it again, one call each (or as many as take SAMPLED)."""
+  call adds more Python than a small layer's kernels differ by, docs/engine.md); the outputs of a call on each, then
+  after()'s (what the call left behind); and a function that times it again, one call each (or as many as take
+  SAMPLED)."""
   step = TinyJit(lambda *args: [t.realize() for t in fn(*args)])
   internals.capture_next(step)
   with Context(BEAM=0): step(*calls[0])
@@ -203,8 +204,8 @@ def captured(fn, calls:list[tuple], timed:int=1, before=None, after=list):
   def seconds(reps:int=3) -> float: return sum(best(run, reps) for run in runs)
   return seconds(), [out for args in calls for out in [t.numpy() for t in step(*args)] + after()], lambda: seconds(1)
 
-# a timing without a flush before each call takes the best of the calls that fill this, at most SAMPLES: the draft's
-# attention at one row took 33-91 us a call of two layers, best of 3, and chose its 6 kernels over the fused one
+# a timing without a flush before each call takes the best of the calls that fill this, at most SAMPLES: best of 3, a
+# small model's attention chose the slower of its ways (docs/engine.md)
 SAMPLED, SAMPLES = 2e-3, 30
 
 # ***** what candidates are timed and compared on *****

@@ -147,7 +147,7 @@ def read(uop:UOp) -> memoryview|None:
   while uop.op is Ops.RESHAPE: uop = uop.src[0]
   if uop.op is not Ops.BUFFER or not (buf := uop.buffer).is_allocated(): return None
   Device[buf.device].synchronize()
-  # host memory read where it lies: the allocator's copy synchronizes again and wraps the buffer in views, 20-40 us
+  # host memory read where it lies: the allocator's copy synchronizes again and wraps the buffer in views
   if host_buffers(buf.device): return memoryview(ctypes.string_at(address(buf._buf), buf.nbytes))
   out = memoryview(bytearray(buf.nbytes))
   try: buf.allocator._copyout(out, buf._buf)

@@ -103,18 +103,24 @@ DOT = """({
   }
   s[0]; })"""
 
-# GELU(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) = (1 - e) / (1 + e) with e = exp(-2|y|), the sign
-# y's; exp of a value <= 0 as Cephes' expf (attention.FUSED): tinygrad's CPU programs link no libm
-GELU = """({
-    float g = $x, y = 0.7978845608f * (g + 0.044715f * g * g * g), x = y < 0 ? 2 * y : -2 * y;
-    x = x < -87.0f ? -87.0f : x;
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f, r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float e = ((((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
-                + 1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f);
-    union { int i; float f; } scale = {((int)n + 127) << 23};
-    e *= scale.f;
+def exp_c(x:str, f:str="float", i:str="int") -> str:
+  """C statements that set e (of type f: float, or a vector of them whose ints are i) to exp(x) for x <= 0, as Cephes'
+  expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial, 2^n in the exponent's bits (tinygrad's CPU programs link no
+  libm); below -87 (under float32's smallest normal) it is 2^-126, not 0."""
+  to_int = "(int)n" if f == "float" else f"__builtin_convertvector(n, {i})"
+  return f"""{f} x_ = {x} < -87.0f ? ({f})-87.0f : {x};
+    {f} n = (x_ * 1.44269504f + 12582912.0f) - 12582912.0f, r = x_ - n * 0.693359375f + n * 2.12194440e-4f;
+    {f} e = ((((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r
+              + 1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f);
+    union {{ {i} i; {f} f; }} scale = {{({to_int} + 127) << 23}};
+    e *= scale.f;"""
+
+# GELU(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) = (1 - e) / (1 + e) with e = exp(-2|y|), the sign y's
+GELU = f"""({{
+    float g = $x, y = 0.7978845608f * (g + 0.044715f * g * g * g), t = y < 0 ? 2 * y : -2 * y;
+    {exp_c("t")}
     float th = (1.0f - e) / (1.0f + e);
-    0.5f * g * (1.0f + (y < 0 ? -th : th)); })"""
+    0.5f * g * (1.0f + (y < 0 ? -th : th)); }})"""
 
 def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
   """A statement that asks for the row of w (N, C) about `ahead` bytes after row n (the next at least, the last at the

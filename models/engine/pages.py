@@ -1,8 +1,8 @@
 """A model's weights moved into one mapping of transparent huge pages, where the device's buffers are the process's
 memory (tinygrad's CPU backend): tinygrad maps each buffer shared, which Linux backs with huge pages only where
-shmem_enabled allows (rarely), and a step that reads the weights through 4 KB pages misses the TLB for each page: 5-11%
-a token on the deep pair (docs/engine.md). Where the system gives no huge pages, one line on stderr says why and the
-weights stay in tinygrad's buffers."""
+shmem_enabled allows (rarely), and a step that reads the weights through 4 KB pages misses the TLB for each page
+(docs/engine.md). Where the system gives no huge pages, one line on stderr says why and the weights stay in tinygrad's
+buffers."""
 from __future__ import annotations
 import ctypes, functools, mmap, weakref
 from tinygrad import Tensor
