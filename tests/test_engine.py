@@ -370,11 +370,12 @@ def test_lanes_kernel_computes_the_matmul(T):
   assert lanes.fits(98, 32, "vectors", Device.DEFAULT) == prefetches
 
 @pytest.mark.backend
-@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("T", [1, 3, 8])
 def test_lanes_gelu_kernel_finishes_the_layer(T):
   """With GELU after it, the lanes kernel's sums (a row's eight) are finished by gelu_kernel() (bias, GELU, the output
   dtype, in one kernel of its own), the vectors layout's inside its own C (one kernel, where C runs): GELU(x @ w.T + b),
-  and without a bias GELU(x @ w.T), in the suite's dtype; inputs up to 60 (tanh's tails, where GELU is x or 0)."""
+  and without a bias GELU(x @ w.T), in the suite's dtype; inputs up to 60 (tanh's tails, where GELU is x or 0). The
+  vectors layout's rows each as they are alone."""
   rng = np.random.default_rng(T)
   x, w, b = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
              for shape in ((1, T, 64), (96, 64), (96,)))
@@ -391,6 +392,9 @@ def test_lanes_gelu_kernel_finishes_the_layer(T):
     assert got.shape == (1, T, 96) and got.dtype == x.dtype
     err = np.abs(got.float().numpy() - expected) / np.maximum(np.abs(expected).max(-1, keepdims=True), 1e-30)
     assert err.max() < tolerance(), (layout, err.max())
+    if layout == "vectors":   # the rows' GELU as one vector: each row as it is alone
+      alone = [lanes.linear(x32[:, t:t+1], w, x.dtype, layout, bias, gelu=True).float().numpy() for t in range(T)]
+      np.testing.assert_array_equal(got.float().numpy(), np.concatenate(alone, 1))
   assert f"gelu_{T}_96" in {p.arg.name for p in to_program_cache.values()}
 
 def outputs(value:float): return [np.full((2, 3), value, np.float32)]

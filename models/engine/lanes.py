@@ -68,15 +68,15 @@ def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=N
   """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}): the weight's row 8 elements at a
   time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the
   residual ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's
-  kernels in dtype out, or GELU(sum + bias) in float32 as gelu_kernel() computes it; the rows after the first written
-  to out ({0}, rows N apart), the first row's the expression's value."""
+  kernels in dtype out, or GELU(sum + bias) in float32 as gelu_kernel() computes it, the rows' at once in a vector;
+  the rows after the first written to out ({0}, rows N apart), the first row's the expression's value."""
   value = "d" if out == dtypes.float32 else f"(float)({C_TYPES[out]})d"   # the sums cast to the output's dtype
   if residual is not None: value = f"(float)((const {C_TYPES[residual]} *)(@4))[t * $N] + {value}"
   if bias is not None: value = f"({value}) + (float)*(const {C_TYPES[bias]} *)(@3)"
-  if gelu: value = GELU.replace("$x", "d" if bias is None else f"d + (float)*(const {C_TYPES[bias]} *)(@3)")
-  code = string.Template(DOT.replace("$value", value)).substitute(rows=rows, N=N, vectors=C // 8,
-                                                                   weight=C_TYPES[dtype], size=dtype.itemsize,
-                                                                   out=C_TYPES[out])
+  if gelu: value = "d" if bias is None else f"d + (float)*(const {C_TYPES[bias]} *)(@3)"
+  code = DOT.replace("$value", value).replace("$gelu", gelu_rows(rows) if gelu else "")
+  code = string.Template(code).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize,
+                                          out=C_TYPES[out])
   return c_format(code)
 
 def c_format(code:str) -> str:
@@ -99,8 +99,9 @@ DOT = """({
     v r = a[t][0] + a[t][1];
     float d = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
     s[t] = $value;
-    if (t) o[t * $N] = s[t];
   }
+  $gelu
+  for (int t = 1; t < $rows; t++) o[t * $N] = s[t];
   s[0]; })"""
 
 def exp_c(x:str, f:str="float", i:str="int") -> str:
@@ -116,11 +117,24 @@ def exp_c(x:str, f:str="float", i:str="int") -> str:
     e *= scale.f;"""
 
 # GELU(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) = (1 - e) / (1 + e) with e = exp(-2|y|), the sign y's
-GELU = f"""({{
-    float g = $x, y = 0.7978845608f * (g + 0.044715f * g * g * g), t = y < 0 ? 2 * y : -2 * y;
-    {exp_c("t")}
-    float th = (1.0f - e) / (1.0f + e);
-    0.5f * g * (1.0f + (y < 0 ? -th : th)); }})"""
+def gelu_c(f:str="float", i:str="int") -> str:
+  """C statements that set g (of type f: float, or a vector of them whose ints are i) to GELU(g)."""
+  return f"""{f} y = 0.7978845608f * (g + 0.044715f * g * g * g), t = y < 0 ? 2 * y : -2 * y;
+    {exp_c("t", f, i)}
+    {f} th = (1.0f - e) / (1.0f + e);
+    g = 0.5f * g * (1.0f + (y < 0 ? -th : th));"""
+
+def gelu_rows(rows:int) -> str:
+  """C that applies GELU to s[0..rows), as one vector of the rows (a power of two wide): a verify pass's rows cost
+  what one does."""
+  if rows == 1: return f"{{ float g = s[0]; {gelu_c()} s[0] = g; }}"
+  width = 1 << (rows - 1).bit_length()
+  return f"""{{ typedef float gv __attribute__((ext_vector_type({width})));
+    typedef int gi __attribute__((ext_vector_type({width})));
+    gv g = {{}};
+    for (int t = 0; t < {rows}; t++) g[t] = s[t];
+    {gelu_c("gv", "gi")}
+    for (int t = 0; t < {rows}; t++) s[t] = g[t]; }}"""
 
 def prefetch(w:UOp, n:UOp, ahead:int) -> UOp:
   """A statement that asks for the row of w (N, C) about `ahead` bytes after row n (the next at least, the last at the
