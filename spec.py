@@ -306,8 +306,8 @@ class ModelDraft:
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
-    positions = self.model.positions.bind(start)
-    return call(self.step(len(tokens) - start, K), self.model, positions, self.key, NONCE.bind(nonce), self.warping,
+    positions, stream = bind(self.model.positions, start), bind(NONCE, 0 if self.static["greedy"] else nonce)
+    return call(self.step(len(tokens) - start, K), self.model, positions, self.key, stream, self.warping,
                 *token_variables(tokens[start:]))
   def step(self, w:int, K:int):  # a pass over the w unseen tokens (the last one's logits), then K - 1 of one token
     return self.model.jit(propose, w, passes=(w, 1), K=K, **self.static)
@@ -354,7 +354,8 @@ class Verifier:
     self.target, self.key, self.warping, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor|list[int], p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    positions, stream = self.target.positions.bind(start_pos), NONCE.bind(nonce)
+    positions = bind(self.target.positions, start_pos)
+    stream = bind(NONCE, 0 if self.static["greedy"] else nonce)   # greedy draws nothing: one stream, bound once
     if isinstance(block, list):   # the host's ids (prompt lookup, none): bound variables, without a JIT of their own
       return call(self.step(len(block), True, ids=True), self.target, positions, self.key, stream, self.warping,
                   *token_variables(block))
@@ -450,6 +451,12 @@ def unit_interval(bits:Tensor) -> Tensor:
 # value reaches the compiled function without a host-to-device copy, and nothing recompiles
 NONCE = UOp.variable("nonce", 0, 2**31 - 1)
 
+@functools.lru_cache(maxsize=4096)
+def bind(variable:UOp, value:int) -> UOp:
+  """variable.bind(value), kept for the next bind of this value (a token, a position again): tinygrad builds three
+  UOps for a bind, on a CPU a good part of a round's time outside the kernels."""
+  return variable.bind(value)
+
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 
 def width(block:Tensor|list[int]) -> int:
@@ -458,7 +465,7 @@ def width(block:Tensor|list[int]) -> int:
 
 def token_variables(tokens:list[int]) -> list[UOp]:
   """Token ids as bound variables: a new value reaches a compiled step without a copy, and nothing recompiles."""
-  return [token_variable(i).bind(t) for i, t in enumerate(tokens)]
+  return [bind(token_variable(i), t) for i, t in enumerate(tokens)]
 
 @functools.cache
 def token_variable(i:int) -> UOp: return UOp.variable(f"token{i}", 0, 2**31 - 1)   # made once: binding is cheaper
