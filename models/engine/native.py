@@ -46,6 +46,15 @@ def source(max_args:int=MAX_ARGS) -> str:
 #include <sys/prctl.h>
 #endif
 typedef uint64_t u64;
+/* a waiting thread's loop pauses: a core that spins flat out takes power (and on some CPUs issue slots) from the one
+   running the step or Python */
+#if defined(__x86_64__) || defined(__i386__)
+#define relax() __builtin_ia32_pause()
+#elif defined(__aarch64__) || defined(__arm__)
+#define relax() __asm__ volatile("yield")
+#else
+#define relax() ((void)0)
+#endif
 static void call(u64 f, int n, const u64 *a) {{
   switch (n) {{
 {calls}
@@ -72,8 +81,10 @@ static void walk(u64 *t) {{
     }}
     if (atomic_load(done) < splits) {{   /* the next command reads what this one's splits write */
       u64 start = now_us();
-      for (unsigned k = 1; atomic_load(done) < splits; k++)
+      for (unsigned k = 1; atomic_load(done) < splits; k++) {{
+        relax();
         if (!(k & 255) && now_us() - start > {SPIN_US}) sched_yield();   /* a partner descheduled: let it run */
+      }}
     }}
     c += {HEADER} + n;
   }}
@@ -85,12 +96,14 @@ static void *worker(void *arg) {{
 #endif
   for (;;) {{
     u64 start = now_us();
-    for (unsigned i = 1; atomic_load(&generation) == seen; i++)
+    for (unsigned i = 1; atomic_load(&generation) == seen; i++) {{
+      relax();
       if (!(i & 255) && now_us() - start > {SPIN_US}) {{
         pthread_mutex_lock(&mutex);
         while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mutex);
         pthread_mutex_unlock(&mutex);
       }}
+    }}
     seen = atomic_load(&generation);
     atomic_fetch_add(&inside, 1);   /* a run that finished before this thread woke is left alone */
     if (atomic_load(&finished) != seen) walk(atomic_load(&table));
