@@ -306,8 +306,8 @@ class ModelDraft:
   def propose(self, tokens:list[int], K:int, nonce:int) -> tuple[Tensor, Tensor|None]:
     start = min(self.fed, len(tokens) - 1)   # its cache is valid up to here: x_n, or x~_K and the bonus, are new to it
     self.fed = len(tokens) + K - 1           # it feeds x_n, x~_1..x~_K-1
-    positions, stream = bind(self.model.positions, start), bind(NONCE, 0 if self.static["greedy"] else nonce)
-    return call(self.step(len(tokens) - start, K), self.model, positions, self.key, stream, self.warping,
+    positions, nonce = bind(self.model.positions, start), stream(nonce, self.static["greedy"])
+    return call(self.step(len(tokens) - start, K), self.model, positions, self.key, nonce, self.warping,
                 *token_variables(tokens[start:]))
   def step(self, w:int, K:int):  # a pass over the w unseen tokens (the last one's logits), then K - 1 of one token
     return self.model.jit(propose, w, passes=(w, 1), K=K, **self.static)
@@ -354,12 +354,11 @@ class Verifier:
     self.target, self.key, self.warping, self.rule = target, key, sampling.tensors(target.cfg.vocab_size), rule
     self.static = {**sampling.static, "rule": rule}
   def __call__(self, block:Tensor|list[int], p:Tensor|None, start_pos:int, nonce:int) -> Tensor:
-    positions = bind(self.target.positions, start_pos)
-    stream = bind(NONCE, 0 if self.static["greedy"] else nonce)   # greedy draws nothing: one stream, bound once
+    positions, nonce = bind(self.target.positions, start_pos), stream(nonce, self.static["greedy"])
     if isinstance(block, list):   # the host's ids (prompt lookup, none): bound variables, without a JIT of their own
-      return call(self.step(len(block), True, ids=True), self.target, positions, self.key, stream, self.warping,
+      return call(self.step(len(block), True, ids=True), self.target, positions, self.key, nonce, self.warping,
                   *token_variables(block))
-    return call(self.step(block.shape[1], p is None), self.target, block, positions, p, self.key, stream, self.warping)
+    return call(self.step(block.shape[1], p is None), self.target, block, positions, p, self.key, nonce, self.warping)
   def step(self, T:int, one_hot:bool, ids:bool=False):
     if ids: return self.target.jit(target_verify_ids, T, **self.static)
     return self.target.jit(target_verify, T, one_hot=one_hot, **self.static)
@@ -456,6 +455,10 @@ def bind(variable:UOp, value:int) -> UOp:
   """variable.bind(value), kept for the next bind of this value (a token, a position again): tinygrad builds three
   UOps for a bind, on a CPU a good part of a round's time outside the kernels."""
   return variable.bind(value)
+
+def stream(nonce:int, greedy:bool) -> UOp:
+  """The random stream `nonce`, bound; greedy draws nothing, so its rounds all pass stream 0."""
+  return bind(NONCE, 0 if greedy else nonce)
 
 def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
 

@@ -146,12 +146,13 @@ def read(uop:UOp) -> memoryview|None:
   or the allocator copies out no other way."""
   while uop.op is Ops.RESHAPE: uop = uop.src[0]
   if uop.op is not Ops.BUFFER or not (buf := uop.buffer).is_allocated(): return None
+  device = Device[buf.device]
   # host memory read where it lies (the allocator's copy synchronizes again and wraps the buffer in views); a CPU device
   # without worker threads ran every program in its caller, so nothing is queued
   if host_buffers(buf.device):
-    if getattr(Device[buf.device], "workers", True): Device[buf.device].synchronize()
+    if getattr(device, "workers", True): device.synchronize()
     return memoryview(ctypes.string_at(address(buf._buf), buf.nbytes))
-  Device[buf.device].synchronize()
+  device.synchronize()
   out = memoryview(bytearray(buf.nbytes))
   try: buf.allocator._copyout(out, buf._buf)
   except NotImplementedError: return None

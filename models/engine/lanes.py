@@ -70,10 +70,12 @@ def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=N
   residual ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's
   kernels in dtype out, or GELU(sum + bias) in float32 as gelu_kernel() computes it, the rows' at once in a vector;
   the rows after the first written to out ({0}, rows N apart), the first row's the expression's value."""
-  value = "d" if out == dtypes.float32 else f"(float)({C_TYPES[out]})d"   # the sums cast to the output's dtype
-  if residual is not None: value = f"(float)((const {C_TYPES[residual]} *)(@4))[t * $N] + {value}"
-  if bias is not None: value = f"({value}) + (float)*(const {C_TYPES[bias]} *)(@3)"
-  if gelu: value = "d" if bias is None else f"d + (float)*(const {C_TYPES[bias]} *)(@3)"
+  b = None if bias is None else f"(float)*(const {C_TYPES[bias]} *)(@3)"
+  if gelu: value = "d" if b is None else f"d + {b}"   # GELU's input, in float32 (gelu_rows())
+  else:
+    value = "d" if out == dtypes.float32 else f"(float)({C_TYPES[out]})d"   # the sums cast to the output's dtype
+    if residual is not None: value = f"(float)((const {C_TYPES[residual]} *)(@4))[t * $N] + {value}"
+    if b is not None: value = f"({value}) + {b}"
   code = DOT.replace("$value", value).replace("$gelu", gelu_rows(rows) if gelu else "")
   code = string.Template(code).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize,
                                           out=C_TYPES[out])
