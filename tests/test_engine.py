@@ -317,9 +317,11 @@ def lanes_prefetching() -> dict[str, bool]:
   return {p.arg.name: "__builtin_prefetch" in p.src[2].arg for p in to_program_cache.values()
           if p.arg.name.startswith("lanes_")}
 
-def lanes_rows_dtypes(T:int) -> set:
-  """The dtypes of the rows (the second buffer) that the lanes kernels of T rows read."""
-  programs = [p for p in to_program_cache.values() if p.arg.name.startswith("lanes") and p.arg.name.split("_")[-3] == str(T)]
+def lanes_rows_dtypes(T:int, vectors:bool) -> set:
+  """The dtypes of the rows (the second buffer) that the lanes kernels of T rows read, the vectors layout's or the
+  others'."""
+  programs = [p for p in to_program_cache.values() if p.arg.name.startswith("lanes") and
+              p.arg.name.split("_")[-3] == str(T) and ("_vectors_" in p.arg.name) == vectors]
   return {u.dtype for p in programs for u in p.src[0].toposort() if u.op is Ops.PARAM and u.arg.slot == 1}
 
 @pytest.mark.backend
@@ -328,7 +330,7 @@ def test_lanes_kernel_computes_the_matmul(T):
   """The lanes kernel in each layout is x @ w.T (+ b) (+ a residual) for every width a step may run (its rows in
   chunks: 9 = 3 x 3, 16 = 2 x 8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype.
   The kernel reads its rows in float32: where rows and weights were both half, clang converted and multiplied one
-  element at a time."""
+  element at a time; the vectors layout in their dtype, converted a vector at a time (half rows: the MLP's hidden)."""
   rng, prefetches = np.random.default_rng(T), internals.runs_c_functions(Device.DEFAULT)
   for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
     x, w, b, r = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
@@ -359,7 +361,8 @@ def test_lanes_kernel_computes_the_matmul(T):
         want = expected + plus + r.float().numpy()
         assert np.abs(with_residual.float().numpy() - want).max() / np.abs(want).max() < tolerance(), (layout, out)
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
-  assert lanes_rows_dtypes(T) == {dtypes.float32}
+  assert lanes_rows_dtypes(T, vectors=False) == {dtypes.float32}
+  assert lanes_rows_dtypes(T, vectors=True) == ({x.dtype, dtypes.float32} if prefetches else set())
   assert {name: name.split("_")[2] == "ahead" for name in lanes_programs()} == lanes_prefetching(), "prefetch: C only"
   assert not lanes.fits(98, 32) and not lanes.fits(96, 44) and lanes.fits(96, 40) and not lanes.fits(100, 64)
   assert lanes.fits(98, 32, "row") and not lanes.fits(96, 40, "row")

@@ -53,11 +53,12 @@ class Block:
 
   def __call__(self, x:Tensor, start_pos) -> Tensor:
     attn, mlp, f32 = self.attn, self.mlp, dtypes.float32
-    # what passes between a layer's kernels stays float32 (half: the weights, the KV cache, the residual stream): a CPU
-    # converts half to float32 a value at a time where both a product's operands are half (docs/engine.md)
+    # the attention's values stay float32 between kernels (half: the weights, the KV cache, the residual stream, the
+    # MLP's hidden rows): a CPU converts half a value at a time where both a product's operands are half, but the
+    # vectors kernel a vector at a time, and the MLP's 4x wider rows read at half the bytes (docs/engine.md)
     qkv = linear.apply(x, attn.c_attn.weight, attn.c_attn.bias, f32, ln=self.ln_1)
     x = linear.apply(attention.apply(attn, qkv, start_pos), attn.c_proj.weight, attn.c_proj.bias, x.dtype, residual=x)
-    h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, f32, ln=self.ln_2, gelu=True)
+    h = linear.apply(x, mlp.c_fc.weight, mlp.c_fc.bias, x.dtype, ln=self.ln_2, gelu=True)
     # realized, a block at a time (the port's bound on what tinygrad fuses): in a capture every block after the first
     # has the same graph but for its buffers, and tinygrad's schedule cache schedules it once (a step's capture in half)
     return linear.apply(h, mlp.c_proj.weight, mlp.c_proj.bias, x.dtype, residual=x).realize()
@@ -86,8 +87,8 @@ def choose_kernels(model:GPT2, widths, head:bool=True) -> tuple:
   f32, stream = dtypes.float32, model.dtype   # the residual stream's dtype (and the weights')
   roles = [([b.attn.c_attn for b in blocks], dict(x_dtype=stream, dtype=f32, lns=[b.ln_1 for b in blocks])),
            ([b.attn.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True)),
-           ([b.mlp.c_fc for b in blocks], dict(x_dtype=stream, dtype=f32, lns=[b.ln_2 for b in blocks], gelu=True)),
-           ([b.mlp.c_proj for b in blocks], dict(x_dtype=f32, dtype=stream, residual=True))]
+           ([b.mlp.c_fc for b in blocks], dict(x_dtype=stream, dtype=stream, lns=[b.ln_2 for b in blocks], gelu=True)),
+           ([b.mlp.c_proj for b in blocks], dict(x_dtype=stream, dtype=stream, residual=True))]
   groups = [([l.weight for l in role], [l.bias for l in role], form) for role, form in roles]
   if head: groups.append(([model.wte.weight], None, dict(x_dtype=stream, dtype=f32)))   # the lm_head (linear.head())
   what = f"choosing the kernels of {model.cfg.n_layer} layers x {model.cfg.n_embd} for passes of {sorted(widths)} " \

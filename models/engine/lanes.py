@@ -60,15 +60,16 @@ def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, gelu:bool=
   b, r = (rest[0] if bias else None), (rest[-1].reshape(T, N) if residual else None)
   # the output stands in for a bias or residual not given: the C reads {3} and {4} only where they are
   srcs = (first, x[tc * chunk, 0], w[n, 0], first if b is None else b[n], first if r is None else r[tc * chunk, n])
-  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)), gelu=gelu)
+  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)), gelu=gelu, x=x.dtype)
   info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
   return first.store(UOp(Ops.CUSTOMI, dtypes.float32, srcs, code).cast(out.dtype)).end(tc, n).sink(arg=info)
 
-def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=None, gelu:bool=False) -> str:
-  """C's statement expression for `rows` rows of x ({1}) times one row of w ({2}): the weight's row 8 elements at a
-  time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the
-  residual ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's
-  kernels in dtype out, or GELU(sum + bias) in float32 as gelu_kernel() computes it, the rows' at once in a vector;
+def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=None, gelu:bool=False,
+        x=dtypes.float32) -> str:
+  """C's statement expression for `rows` rows of x ({1}, in dtype x) times one row of w ({2}): both 8 elements at a
+  time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the residual
+  ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's kernels in dtype
+  out, or GELU(sum + bias) in float32 as gelu_kernel() computes it, the rows' at once in a vector;
   the rows after the first written to out ({0}, rows N apart), the first row's the expression's value."""
   b = None if bias is None else f"(float)*(const {C_TYPES[bias]} *)(@3)"
   if gelu: value = "d" if b is None else f"d + {b}"   # GELU's input, in float32 (gelu_rows())
@@ -78,7 +79,7 @@ def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=N
     if b is not None: value = f"({value}) + {b}"
   code = DOT.replace("$value", value).replace("$gelu", gelu_rows(rows) if gelu else "")
   code = string.Template(code).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize,
-                                          out=C_TYPES[out])
+                                          out=C_TYPES[out], row=C_TYPES[x], row_size=x.itemsize)
   return c_format(code)
 
 def c_format(code:str) -> str:
@@ -89,12 +90,13 @@ C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the dtypes the
 DOT = """({
   typedef float v __attribute__((ext_vector_type(8), aligned(4)));
   typedef $weight h __attribute__((ext_vector_type(8), aligned($size)));
-  const h *w = (const h *)(@2); const v *x = (const v *)(@1); $out *o = ($out *)(@0);
+  typedef $row hr __attribute__((ext_vector_type(8), aligned($row_size)));
+  const h *w = (const h *)(@2); const hr *x = (const hr *)(@1); $out *o = ($out *)(@0);
   v a[$rows][2] = {};
   for (int k = 0; k < $vectors; k += 2)
     for (int u = 0; u < 2; u++) {
       v wk = __builtin_convertvector(w[k + u], v);
-      for (int t = 0; t < $rows; t++) a[t][u] += wk * x[t * $vectors + k + u];
+      for (int t = 0; t < $rows; t++) a[t][u] += wk * __builtin_convertvector(x[t * $vectors + k + u], v);
     }
   float s[$rows];
   for (int t = 0; t < $rows; t++) {
@@ -171,10 +173,9 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   """formula(x, w, dtype) (+ b, then GELU, then + residual, where given) by the lanes kernel in this layout."""
   *B, C = x.shape
   (T, N), (outputs, lanes, _, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
-  # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
-  rows = x.reshape(T, C).float()
+  rows = x.reshape(T, C)
   if layout == "vectors":   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
-    # the bias, then GELU or the residual, inside: no kernel of their own
+    # the rows in their dtype, converted a vector at a time (dot()); the bias, then GELU or the residual, inside
     out = Tensor.empty(*B, N, dtype=dtype or x.dtype, device=x.device)   # contiguous (the lm_head's logits)
     inside = None if gelu else residual
     kernel = functools.partial(vectors_kernel, bias=b is not None, gelu=gelu, residual=inside is not None,
@@ -183,7 +184,8 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
     return y if residual is None or inside is not None else residual + y
   part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)
   kernel = functools.partial(lanes_kernel, threads=core_splits(N // outputs, x.device), layout=layout)
-  part = part.custom_kernel(rows, w, fxn=kernel)[0]
+  # float32 rows: where both operands are half, clang converts and multiplies one element at a time (docs/engine.md)
+  part = part.custom_kernel(rows.float(), w, fxn=kernel)[0]
   # the lanes summed outside, fused with what follows (bias, residual): inside, compilers kept them on the stack
   sums = part.sum(-1).reshape(*B, N)
   if gelu:
