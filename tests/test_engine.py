@@ -308,7 +308,7 @@ def test_the_native_runner_steps_aside_with_one_line_where_it_cannot_run(tiny_di
   else: assert lines == []
   assert not [b for step in model.jits.values() for b in native.graphs(step.captured)]
 
-C_LAYOUTS = ("row_ahead", "wide_ahead", "vectors")   # the lanes layouts whose kernels hold C of their own
+C_LAYOUTS = ("row_ahead", "wide_ahead", "vectors", "vectors_wide")   # the lanes layouts whose kernels hold C
 
 def lanes_programs() -> set[str]: return {p.arg.name for p in to_program_cache.values() if p.arg.name.startswith("lanes_")}
 
@@ -330,7 +330,7 @@ def test_lanes_kernel_computes_the_matmul(T):
   """The lanes kernel in each layout is x @ w.T (+ b) (+ a residual) for every width a step may run (its rows in
   chunks: 9 = 3 x 3, 16 = 2 x 8), in the suite's dtype: inputs in it, float32 inside, the result in the output dtype.
   The kernel reads its rows in float32: where rows and weights were both half, clang converted and multiplied one
-  element at a time; the vectors layout in their dtype, converted a vector at a time (half rows: the MLP's hidden)."""
+  element at a time; the vectors layouts in their dtype, converted a vector at a time (half rows: the MLP's hidden)."""
   rng, prefetches = np.random.default_rng(T), internals.runs_c_functions(Device.DEFAULT)
   for N, C in ((96, 32), (64, 64), (256, 128), (98, 48)):
     x, w, b, r = (Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtype()).realize()
@@ -339,13 +339,13 @@ def test_lanes_kernel_computes_the_matmul(T):
     bias64 = b.float().numpy().astype(np.float64)
     layouts = [l for l in lanes.LAYOUTS if lanes.fits(N, C, l, Device.DEFAULT)]
     fitting = {(98, 48): ["row", "row_ahead", "vectors"],
-               (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead", "vectors"]}
+               (64, 64): ["lanes", "four", "row", "wide", "row_ahead", "wide_ahead", "vectors", "vectors_wide"]}
     assert layouts == [l for l in fitting.get((N, C), lanes.LAYOUTS) if prefetches or l not in C_LAYOUTS]
     x32 = x.float().realize()
     for layout, out in itertools.product(layouts, (None, dtypes.float32)):
       got = lanes.linear(x, w, out, layout)
       assert got.shape == (1, T, N) and got.dtype == (out or x.dtype)
-      if layout == "vectors" and out is dtypes.float32:   # float32 rows to float32 sums, made contiguous (the logits)
+      if layout in lanes.VECTORS and out is dtypes.float32:   # float32 rows to float32 sums, contiguous (the logits)
         for bias in ([], [b]):   # and with a bias, added inside (c_attn's float32 qkv)
           kernels = GlobalCounters.kernel_count
           lanes.linear(x32, w, out, layout, *bias).contiguous().realize()
@@ -357,7 +357,7 @@ def test_lanes_kernel_computes_the_matmul(T):
         residual = r.cast(out or x.dtype).realize()
         kernels = GlobalCounters.kernel_count
         with_residual = lanes.linear(x32, w, out, layout, bias, residual=residual).realize()
-        assert layout != "vectors" or GlobalCounters.kernel_count - kernels == 1, ("the residual's own kernel", bias)
+        assert layout not in lanes.VECTORS or GlobalCounters.kernel_count - kernels == 1, ("the residual's", bias)
         want = expected + plus + r.float().numpy()
         assert np.abs(with_residual.float().numpy() - want).max() / np.abs(want).max() < tolerance(), (layout, out)
     assert {f"lanes{'' if l == 'lanes' else '_' + l}_{T}_{N}_{C}" for l in layouts} <= lanes_programs()
@@ -370,6 +370,7 @@ def test_lanes_kernel_computes_the_matmul(T):
   assert lanes.fits(98, 32, "wide") and not lanes.fits(98, 48, "wide")
   assert lanes.fits(98, 32, "row_ahead") and lanes.fits(98, 32, "row_ahead", Device.DEFAULT) == prefetches
   assert lanes.fits(98, 48, "vectors") and not lanes.fits(98, 40, "vectors")
+  assert lanes.fits(98, 64, "vectors_wide") and not lanes.fits(98, 48, "vectors_wide")
   assert lanes.fits(98, 32, "vectors", Device.DEFAULT) == prefetches
 
 @pytest.mark.backend
@@ -386,16 +387,16 @@ def test_lanes_gelu_kernel_finishes_the_layer(T):
   xw = x.float().numpy().astype(np.float64) @ w.float().numpy().astype(np.float64).T
   x32 = x.float().realize()
   gelu = lambda y: 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
-  layouts = [l for l in ("row", "vectors") if lanes.fits(96, 64, l, Device.DEFAULT)]
-  assert "row" in layouts and ("vectors" in layouts) == internals.runs_c_functions(Device.DEFAULT)
+  layouts = [l for l in ("row", *lanes.VECTORS) if lanes.fits(96, 64, l, Device.DEFAULT)]
+  assert "row" in layouts and ("vectors_wide" in layouts) == internals.runs_c_functions(Device.DEFAULT)
   for layout, (bias, expected) in itertools.product(layouts, ((b, gelu(xw + b.float().numpy())), (None, gelu(xw)))):
     kernels = GlobalCounters.kernel_count
     got = lanes.linear(x32, w, x.dtype, layout, bias, gelu=True).realize()   # the rows float32, as a block gives them
-    assert layout != "vectors" or GlobalCounters.kernel_count - kernels == 1, "the vectors layout's GELU in a kernel"
+    assert layout not in lanes.VECTORS or GlobalCounters.kernel_count - kernels == 1, "the vectors layouts' GELU inside"
     assert got.shape == (1, T, 96) and got.dtype == x.dtype
     err = np.abs(got.float().numpy() - expected) / np.maximum(np.abs(expected).max(-1, keepdims=True), 1e-30)
     assert err.max() < tolerance(), (layout, err.max())
-    if layout == "vectors":   # the rows' GELU as one vector: each row as it is alone
+    if layout in lanes.VECTORS:   # the rows' GELU as one vector: each row as it is alone
       alone = [lanes.linear(x32[:, t:t+1], w, x.dtype, layout, bias, gelu=True).float().numpy() for t in range(T)]
       np.testing.assert_array_equal(got.float().numpy(), np.concatenate(alone, 1))
   assert f"gelu_{T}_96" in {p.arg.name for p in to_program_cache.values()}
@@ -500,8 +501,9 @@ def test_a_family_that_loses_clearly_is_not_timed_whole(disk):
 
 def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   """linear.choose() times tinygrad's matmul, the lanes kernel in each layout that fits ("four" where "lanes" does not;
-  "vectors" alone where it fits, C) and the matvec kernel's options where the device has work-groups, over enough of
-  the weights (choice.enough()) on random rows, and keeps the fastest; a second process reads the disk."""
+  the vectors layouts alone where they fit, C, the wide for half weights) and the matvec kernel's options where the
+  device has work-groups, over enough of the weights (choice.enough()) on random rows, and keeps the fastest; a second
+  process reads the disk."""
   fresh_choices(monkeypatch)
   monkeypatch.setattr(matvec, "fits", lambda N, C: True)
   monkeypatch.setattr(matvec, "options", lambda N, C: [(64, 1), (32, 1)])
@@ -526,6 +528,8 @@ def test_linear_choose_measures_every_way_that_fits(monkeypatch, disk):
   assert linear.ways(1, 24, 32) == [TINYGRAD, *layouts, matvec_((64, 1)), matvec_((32, 1))]
   if c: assert linear.ways(1, 36, 32)[:2] == [TINYGRAD, lanes_("vectors")], "vectors alone where it fits"
   else: assert linear.ways(1, 36, 32)[:3] == [TINYGRAD, lanes_("four"), lanes_("row")], "four only where lanes does not"
+  wide = [lanes_("vectors"), lanes_("vectors_wide")] if c else layouts
+  assert [w for w in linear.ways(1, 24, 64, dtypes.half) if w.kernel == "lanes"] == wide, "the wide for half weights"
   assert lanes_("lanes") not in linear.ways(1, 24, 36) and lanes_("vectors") not in linear.ways(1, 24, 40)
   assert lanes_("lanes") in linear.ways(1, 24, 40), "the other layouts where vectors does not fit"
   lanes_ways = lambda T: [w for w in linear.ways(T, 24, 32) if w.kernel == "lanes"]
@@ -1175,8 +1179,8 @@ def test_a_candidate_wrong_on_one_kind_of_row_never_wins(monkeypatch, disk, capf
     err = capfd.readouterr().err
     lines = [l for l in err.splitlines() if "computes other values" in l]
     assert ways == {"linear": TINYGRAD, "norm": TINYGRAD}, (T, ways, lines)
-    assert len(lines) == len(linear.ways(T, N, C)) - 1 + len(norm.ways(C)) - 1, err
-    assert len(lines) == len(linear.ways(T, N, C)) - 1 + len(norm.ways(C)) - 1, lines
+    assert len(lines) == len(linear.ways(T, N, C, half)) - 1 + len(norm.ways(C)) - 1, err
+    assert len(lines) == len(linear.ways(T, N, C, half)) - 1 + len(norm.ways(C)) - 1, lines
   assert not disk, "a choice with a wrong candidate was cached"
   if not device.work_groups() or wrong != "ordinary rows": return
   right_kernel = matvec.matvec_kernel

@@ -249,7 +249,7 @@ def kernels_stage(st:Stage) -> None:
                ({"residual": r(1, T, N, seed=6)} if ctx.get("residual") else {}) | \
                ({"b": b} if ctx.get("bias", True) else {})
           run = lambda way, pos: linear.apply(x, w, way=way, **kw)
-          rows += compare(f"linear {role}", (N, Cin), T, dtype, name, run, linear.ways(T, N, Cin), length=Cin)
+          rows += compare(f"linear {role}", (N, Cin), T, dtype, name, run, linear.ways(T, N, Cin, w.dtype), length=Cin)
         cfg1 = models.GPT2Config(n_layer=1, n_head=H, n_embd=C, n_positions=P)
         attn = models.gpt2.Attention(cfg1, models.DTYPES[dtype])
         attn.cache_kv, qkv = r(2, 1, H, P, D, seed=7), r(1, T, 3 * C, seed=8)

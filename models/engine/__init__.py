@@ -179,7 +179,7 @@ def engine_kernels():
     if T == 1: other.sort(key=lambda w: w.kernel != "fused")   # one row: attention's fused kernel, where C runs
     first = (wide or other) if T > 1 else (other or wide)
     return first[0] if first else TINYGRAD
-  ways = {"linear": lambda k: linear.ways(*k[:3]), "attention": lambda k: attention.ways(k[3], k[4:6]),
+  ways = {"linear": lambda k: linear.ways(*k[:3], k[4]), "attention": lambda k: attention.ways(k[3], k[4:6]),
           "norm": lambda k: norm.ways(k[1])}
   return CHOSEN.fixed(lambda kind, key: pick(ways[kind](key), key[0]))
 

@@ -18,10 +18,14 @@ from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, O
 # (docs/engine.md), so linear.choose() measures them; two groups at a time run as fast as eight and lower in a third of
 # tinygrad's time. "row_ahead" and "wide_ahead" first ask for the weight's row AHEAD bytes on (C only): a core
 # streaming a weight from memory waits on it less (docs/engine.md). "vectors" (C only) holds a chunk of rows' sums in
-# C's vectors of 8 floats, two a row (vectors_kernel(); its tuple says only that C is a multiple of 16)
+# C's vectors of 8 floats, two a row, "vectors_wide" in vectors of 16 (vectors_kernel(); their tuples say only that C
+# is a multiple of 16 and 32): where a CPU has 512-bit registers the wide one converts and multiplies 16 halves an
+# instruction, and it lost by up to 1.35x where the memory was the bound (docs/engine.md)
 AHEAD = 4096
 LAYOUTS = {"lanes": (8, 4, 2, 0), "four": (4, 4, 4, 0), "row": (1, 8, 2, 0), "wide": (1, 16, 2, 0),
-           "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD), "vectors": (1, 1, 16, 0)}
+           "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD), "vectors": (1, 1, 16, 0),
+           "vectors_wide": (1, 1, 32, 0)}
+VECTORS = {"vectors": 8, "vectors_wide": 16}   # the vectors layouts' width
 
 def formula(x:Tensor, w:Tensor, dtype=None) -> Tensor:
   """What the kernel replaces: x (..., C) @ w (N, C).T in dtype (default x's), accumulated in float32."""
@@ -47,12 +51,12 @@ def lanes_kernel(out:UOp, x:UOp, w:UOp, threads:int=1, layout:str="lanes") -> UO
   return out[t, n, lane].store(acc).end(tc, ti, n, lane).sink(arg=info)
 
 def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, gelu:bool=False, residual:bool=False,
-                   threads:int=1) -> UOp:
+                   threads:int=1, layout:str="vectors") -> UOp:
   """out[..., n] = sum_k x[t, k] * w[n, k] (+ bias[n]), then GELU of it or + residual[..., n], in out's dtype, float32
   inside, the bias and the residual (rest, in that order) where given; x (T, C), w (N, C), out and residual (..., N),
-  T rows: for each output, a chunk of rows (device.row_chunk()) by the C of dot() (C only: tinygrad's CPU renderer
-  stores at most 4 floats at once, and clang then vectorizes the lanes kernel's sums 4 wide, the weight's halves
-  converted 4 at a time)."""
+  T rows: for each output, a chunk of rows (device.row_chunk()) by the C of dot() in the layout's width (C only:
+  tinygrad's CPU renderer stores at most 4 floats at once, and clang then vectorizes the lanes kernel's sums 4 wide,
+  the weight's halves converted 4 at a time)."""
   (T, C), N = x.shape, out.shape[-1]
   out, chunk = out.reshape(T, N), row_chunk(T)
   n, tc = UOp.range(N, 0), UOp.range(T // chunk, 1)
@@ -60,16 +64,17 @@ def vectors_kernel(out:UOp, x:UOp, w:UOp, *rest:UOp, bias:bool=False, gelu:bool=
   b, r = (rest[0] if bias else None), (rest[-1].reshape(T, N) if residual else None)
   # the output stands in for a bias or residual not given: the C reads {3} and {4} only where they are
   srcs = (first, x[tc * chunk, 0], w[n, 0], first if b is None else b[n], first if r is None else r[tc * chunk, n])
-  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)), gelu=gelu, x=x.dtype)
-  info = KernelInfo(name=f"lanes_vectors_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
+  code = dot(chunk, N, C, w.dtype, out.dtype, *(None if u is None else u.dtype for u in (b, r)), gelu=gelu, x=x.dtype,
+             width=VECTORS[layout])
+  info = KernelInfo(name=f"lanes_{layout}_{T}_{N}_{C}", opts_to_apply=split_opts(threads))
   return first.store(UOp(Ops.CUSTOMI, dtypes.float32, srcs, code).cast(out.dtype)).end(tc, n).sink(arg=info)
 
 def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=None, gelu:bool=False,
-        x=dtypes.float32) -> str:
-  """C's statement expression for `rows` rows of x ({1}, in dtype x) times one row of w ({2}): both 8 elements at a
-  time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the residual
-  ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's kernels in dtype
-  out, or GELU(sum + bias) in float32 as gelu_kernel() computes it, the rows' at once in a vector;
+        x=dtypes.float32, width:int=8) -> str:
+  """C's statement expression for `rows` rows of x ({1}, in dtype x) times one row of w ({2}): both `width` elements
+  at a time into float32 vectors, two vectors of sums a row; each row's output, its sum plus the bias ({3}) and the
+  residual ({4}, rows N apart) where their dtypes are given, in the order and at the roundings of the formula's kernels
+  in dtype out, or GELU(sum + bias) in float32 as gelu_kernel() computes it, the rows' at once in a vector;
   the rows after the first written to out ({0}, rows N apart), the first row's the expression's value."""
   b = None if bias is None else f"(float)*(const {C_TYPES[bias]} *)(@3)"
   if gelu: value = "d" if b is None else f"d + {b}"   # GELU's input, in float32 (gelu_rows())
@@ -78,9 +83,16 @@ def dot(rows:int, N:int, C:int, dtype, out=dtypes.float32, bias=None, residual=N
     if residual is not None: value = f"(float)((const {C_TYPES[residual]} *)(@4))[t * $N] + {value}"
     if b is not None: value = f"({value}) + {b}"
   code = DOT.replace("$value", value).replace("$gelu", gelu_rows(rows) if gelu else "")
-  code = string.Template(code).substitute(rows=rows, N=N, vectors=C // 8, weight=C_TYPES[dtype], size=dtype.itemsize,
-                                          out=C_TYPES[out], row=C_TYPES[x], row_size=x.itemsize)
+  code = string.Template(code).substitute(rows=rows, N=N, vectors=C // width, width=width, fold=fold(width),
+                                          weight=C_TYPES[dtype], size=dtype.itemsize, out=C_TYPES[out],
+                                          row=C_TYPES[x], row_size=x.itemsize)
   return c_format(code)
+
+def fold(width:int) -> str:
+  """C's sum of the vector r's lanes: r[i] + r[i + width/2] for each i, then those in adjacent pairs."""
+  terms = [f"(r[{i}] + r[{i + width // 2}])" for i in range(width // 2)]
+  while len(terms) > 1: terms = [f"({a} + {b})" for a, b in zip(terms[::2], terms[1::2])]
+  return terms[0][1:-1]
 
 def c_format(code:str) -> str:
   """C whose sources are written @0, @1, ... as the format string of a CUSTOMI UOp: C's braces doubled, @i as {i}."""
@@ -88,9 +100,9 @@ def c_format(code:str) -> str:
 
 C_TYPES = {dtypes.float32: "float", dtypes.float16: "__fp16"}   # the dtypes the C of the engine's kernels reads
 DOT = """({
-  typedef float v __attribute__((ext_vector_type(8), aligned(4)));
-  typedef $weight h __attribute__((ext_vector_type(8), aligned($size)));
-  typedef $row hr __attribute__((ext_vector_type(8), aligned($row_size)));
+  typedef float v __attribute__((ext_vector_type($width), aligned(4)));
+  typedef $weight h __attribute__((ext_vector_type($width), aligned($size)));
+  typedef $row hr __attribute__((ext_vector_type($width), aligned($row_size)));
   const h *w = (const h *)(@2); const hr *x = (const hr *)(@1); $out *o = ($out *)(@0);
   v a[$rows][2] = {};
   for (int k = 0; k < $vectors; k += 2)
@@ -101,7 +113,7 @@ DOT = """({
   float s[$rows];
   for (int t = 0; t < $rows; t++) {
     v r = a[t][0] + a[t][1];
-    float d = ((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7]));
+    float d = $fold;
     s[t] = $value;
   }
   $gelu
@@ -154,7 +166,7 @@ def fits(N:int, C:int, layout:str="lanes", device:str|None=None) -> bool:
   """Whether the layout computes N outputs of C inputs (on the device, where given: a prefetch and the vectors layout
   need C)."""
   outputs, lanes, groups, ahead = LAYOUTS[layout]
-  if (ahead or layout == "vectors") and device is not None and not runs_c_functions(device): return False
+  if (ahead or layout in VECTORS) and device is not None and not runs_c_functions(device): return False
   return N % outputs == 0 and C % (groups * lanes) == 0
 
 def gelu_kernel(out:UOp, part:UOp, *bias:UOp) -> UOp:
@@ -174,12 +186,12 @@ def linear(x:Tensor, w:Tensor, dtype=None, layout:str="lanes", b:Tensor|None=Non
   *B, C = x.shape
   (T, N), (outputs, lanes, _, _) = (math.prod(B), w.shape[0]), LAYOUTS[layout]
   rows = x.reshape(T, C)
-  if layout == "vectors":   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
+  if layout in VECTORS:   # one lane, in the layer's shape: a reshape of a kernel's output is copied where it is made
     # the rows in their dtype, converted a vector at a time (dot()); the bias, then GELU or the residual, inside
     out = Tensor.empty(*B, N, dtype=dtype or x.dtype, device=x.device)   # contiguous (the lm_head's logits)
     inside = None if gelu else residual
     kernel = functools.partial(vectors_kernel, bias=b is not None, gelu=gelu, residual=inside is not None,
-                               threads=core_splits(N, x.device))
+                               threads=core_splits(N, x.device), layout=layout)
     y = out.custom_kernel(rows, w, *[t for t in (b, inside) if t is not None], fxn=kernel)[0]
     return y if residual is None or inside is not None else residual + y
   part = Tensor.empty(T, N, lanes, dtype=dtypes.float32, device=x.device)

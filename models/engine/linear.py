@@ -58,14 +58,16 @@ def chosen(x:Tensor, w:Tensor, b:Tensor|None=None, dtype=None, ln=None, gelu:boo
   around = Form(ln is not None, gelu, residual is not None, dtype or x.dtype)
   return CHOSEN.way("linear", (math.prod(B), w.shape[0], C, x.dtype, w.dtype, b is not None, around))
 
-def ways(T:int, N:int, C:int) -> list[Way]:
-  """The ways that fit T rows times (N, C) on this device, tinygrad's first. The lanes kernel's "four" layout only where
-  "lanes" does not fit: "lanes" at half the outputs, it never measured ahead of the others where both fit, and a first
-  run compiles one kernel less a layer. Where "vectors" fits, it alone of the layouts: a choice timed one layer at a
-  time picked others for some roles, and every pass ran faster with it in each of them (docs/engine.md)."""
-  fit = [layout for layout in lanes.LAYOUTS
-         if lanes.fits(N, C, layout, Device.DEFAULT) and (T <= PREFILL_ROWS or layout == "row")]
-  if "vectors" in fit: fit = ["vectors"]
+def ways(T:int, N:int, C:int, dtype=dtypes.float32) -> list[Way]:
+  """The ways that fit T rows times (N, C) weights in dtype on this device, tinygrad's first. The lanes kernel's "four"
+  layout only where "lanes" does not fit: "lanes" at half the outputs, it never measured ahead of the others where both
+  fit, and a first run compiles one kernel less a layer. Where the vectors layouts fit, they alone of the layouts: a
+  choice timed one layer at a time picked others for some roles, and every pass ran faster with "vectors" in each of
+  them; "vectors_wide" for half weights only: float32 ones convert nothing, and passes ran up to 1.3x slower where a
+  choice picked it (docs/engine.md)."""
+  fit = [layout for layout in lanes.LAYOUTS if lanes.fits(N, C, layout, Device.DEFAULT) and
+         (T <= PREFILL_ROWS or layout == "row") and (layout != "vectors_wide" or dtype == dtypes.half)]
+  if vectors := [layout for layout in fit if layout in lanes.VECTORS]: fit = vectors
   layouts = [Way("lanes", layout) for layout in fit if layout != "four" or "lanes" not in fit]
   return [TINYGRAD] + layouts + ([Way("matvec", o) for o in matvec.options(N, C)] if matvec.fits(N, C) else [])
 
@@ -91,7 +93,8 @@ def choose(T:int, weights:list[Tensor], biases:list[Tensor]|None, x_dtype, dtype
     layers = list(zip(weights, biases, lns))
     outputs = lambda way, layers=layers: lambda x: [apply(x, w, b, dtype, ln, gelu, r, way) for w, b, ln in layers]
     def run(way): return captured(outputs(way), [(x,)] + [(o,) for o in other], before=evict)
-    candidates = [w for w in ways(T, N, C) if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
+    candidates = [w for w in ways(T, N, C, weights[0].dtype)
+                  if not (w.kernel == "matvec" and (T, x_dtype) in matvec_outpaced)]
     costs = {}
     # the tolerance of the least precise of the rows, the weights and the output
     coarsest = min((x_dtype, weights[0].dtype, dtype or x_dtype), key=lambda d: d.itemsize)
