@@ -21,8 +21,9 @@ The memory's read rate (numpy's BLAS matrix-vector product) is measured before a
 against its weights' bytes at their mean (the memory floor), speculative sampling against llama.cpp's plain decoding
 (llama-completion) in the same dtype. The first prompt's greedy text is compared, a check of the conversion: the same
 weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
-checkpoint's one-token decode: llama-bench's in F32 and F16, spec's in float32 and float16 against the memory floor
-(about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random one where none is at hand).
+checkpoint's one-token decode in three rounds, each llama-bench's in F32 and F16, then spec's in float32 and float16
+beside the memory floor (about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random one
+where none is at hand).
 """
 import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -189,23 +190,33 @@ def main():
   print(f"\nthe first prompt's greedy text (32 tokens, spec's target alone) {'is' if same else 'is NOT'} llama.cpp's")
   if args.xl: print("\n" + "\n".join(xl_decodes(gguf, bin_, args.xl, vocab, args.threads)))
 
+XL_ROUNDS = 3   # the large checkpoint's rounds: llama-bench, then spec beside numpy's matvec, in turn
+
 def xl_decodes(gguf, bin_:pathlib.Path, checkpoint:pathlib.Path, vocab, threads:int) -> list[str]:
-  """Table rows: a large checkpoint's one-token decode by llama-bench (tg 32 after none) in F32 and F16, then by spec's
-  step in float32 and float16 timed side by side with numpy's BLAS matrix-vector product (the memory floor's rate),
-  each against its weights' bytes at that rate."""
+  """Table rows: a large checkpoint's one-token decode in XL_ROUNDS rounds, in each llama-bench's (tg 32 after none,
+  best of 3) in F32 and F16, then spec's step in float32 and float16 timed side by side with numpy's BLAS
+  matrix-vector product (the memory floor's rate): each against its weights' bytes at that rate, and spec against
+  llama.cpp in the same dtype a few seconds apart (the memory's rate moves by 1.5x within minutes)."""
+  ours = {dt: models.load(str(checkpoint), dt) for dt in ("float32", "float16")}
+  rows = [f"{checkpoint.name}'s decode, ms a token (x its weights' bytes at numpy's rate); spec against llama-bench in "
+          "the same dtype:\n", "| round | numpy's BLAS matvec | llama-bench F32 | llama-bench F16 | spec float32 | "
+          "spec float16 | spec / llama.cpp, float32 | float16 |", "|---|---|---|---|---|---|---|---|"]
   with tempfile.TemporaryDirectory() as tmp:
     f32 = to_gguf(gguf, checkpoint, pathlib.Path(tmp) / "xl.gguf", vocab)
     f16 = pathlib.Path(tmp) / "xl-f16.gguf"
     run([tool(bin_, "llama-quantize"), f32, f16, "F16"])
-    bench = {f: json.loads(run([tool(bin_, "llama-bench"), "-m", m, "-p", 0, "-n", 32, "-t", threads, "-r", 3,
-                                "-o", "json"]))[0] for f, m in (("F32", f32), ("F16", f16))}
-  decodes = benchmark.decodes_and_floor({dt: models.load(str(checkpoint), dt) for dt in ("float32", "float16")})
-  seconds, nbytes = decodes.pop("numpy BLAS matvec")
-  rate = nbytes / seconds
-  rows = [f"{checkpoint.name}'s decode, numpy's BLAS matvec {rate / 1e9:.1f} GB/s:\n", "| run | ms a token | floor |",
-          "|---|---|---|"]
-  rows += [f"| llama.cpp, llama-bench decoding, {f} | {1e3 / b['avg_ts']:.2f} | |" for f, b in bench.items()]
-  rows += [f"| spec's decode, {dt} | {t * 1e3:.2f} | {t / (b / rate):.2f}x |" for dt, (t, b) in decodes.items()]
+    ggufs = {"float32": f32, "float16": f16}
+    for i in range(XL_ROUNDS):
+      bench = [tool(bin_, "llama-bench"), "-p", 0, "-n", 32, "-t", threads, "-r", 3, "-o", "json"]
+      llama = {dt: 1 / max(json.loads(run(bench + ["-m", m]))[0]["samples_ts"]) for dt, m in ggufs.items()}
+      decodes = benchmark.decodes_and_floor(ours)
+      seconds, nbytes = decodes.pop("numpy BLAS matvec")
+      rate = nbytes / seconds
+      floor = {dt: llama[dt] / (b / rate) for dt, (_, b) in decodes.items()}
+      rows.append(f"| {i + 1} | {rate / 1e9:.1f} GB/s | " +
+                  " | ".join(f"{llama[dt] * 1e3:.2f} ({floor[dt]:.2f}x)" for dt in ggufs) + " | " +
+                  " | ".join(f"{t * 1e3:.2f} ({t / (b / rate):.2f}x)" for t, b in decodes.values()) + " | " +
+                  " | ".join(f"{decodes[dt][0] / llama[dt]:.2f}x" for dt in ggufs) + " |")
   return rows
 
 if __name__ == "__main__":
