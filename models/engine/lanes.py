@@ -20,7 +20,7 @@ from models.engine.internals import AddrSpace, AxisType, KernelInfo, Ops, Opt, O
 # streaming a weight from memory waits on it less (docs/engine.md). "vectors" (C only) holds a chunk of rows' sums in
 # C's vectors of 8 floats, two a row, "vectors_wide" in vectors of 16 (vectors_kernel(); their tuples say only that C
 # is a multiple of 16 and 32): where a CPU has 512-bit registers the wide one converts and multiplies 16 halves an
-# instruction, and it lost by up to 1.35x where the memory was the bound (docs/engine.md)
+# instruction; with float32 weights, which convert nothing, passes ran up to 1.3x slower with it (linear.ways())
 AHEAD = 4096
 LAYOUTS = {"lanes": (8, 4, 2, 0), "four": (4, 4, 4, 0), "row": (1, 8, 2, 0), "wide": (1, 16, 2, 0),
            "row_ahead": (1, 8, 2, AHEAD), "wide_ahead": (1, 16, 2, AHEAD), "vectors": (1, 1, 16, 0),
