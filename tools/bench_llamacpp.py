@@ -206,8 +206,8 @@ def xl_decodes(gguf, bin_:pathlib.Path, checkpoint:pathlib.Path, vocab, threads:
     f16 = pathlib.Path(tmp) / "xl-f16.gguf"
     run([tool(bin_, "llama-quantize"), f32, f16, "F16"])
     ggufs = {"float32": f32, "float16": f16}
+    bench = [tool(bin_, "llama-bench"), "-p", 0, "-n", 32, "-t", threads, "-r", 3, "-o", "json"]
     for i in range(XL_ROUNDS):
-      bench = [tool(bin_, "llama-bench"), "-p", 0, "-n", 32, "-t", threads, "-r", 3, "-o", "json"]
       llama = {dt: 1 / max(json.loads(run(bench + ["-m", m]))[0]["samples_ts"]) for dt, m in ggufs.items()}
       decodes = benchmark.decodes_and_floor(ours)
       seconds, nbytes = decodes.pop("numpy BLAS matvec")
