@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse, codecs, collections, functools, json, math, os, statistics, sys, time, weakref
 from dataclasses import dataclass, field, asdict
 from typing import Protocol
-from tinygrad import Tensor, UOp, dtypes
+from tinygrad import Device, Tensor, UOp, dtypes
 import models
 from models import EOT, GPT2, vocab_width
 from models.timing import best_seconds, synchronize
@@ -147,9 +147,9 @@ class Sampling:
     """The values as the device holds them, clamped where they would overflow or round to 0 without changing what they
     mean: temperature and top-p at least 2**-126, float32's smallest normal number (a tinier temperature is the argmax,
     a tinier top-p keeps the most likely token); top-k at most the vocabulary (a larger one keeps every token)."""
-    return (Tensor([max(self.temperature, 2**-126)], dtype=dtypes.float32),
-            Tensor([min(self.top_k, vocab_size) or vocab_size], dtype=dtypes.int32),
-            Tensor([max(self.top_p, 2**-126)], dtype=dtypes.float32))
+    return (constant("temperature", max(self.temperature, 2**-126), dtype=dtypes.float32),
+            constant("top_k", min(self.top_k, vocab_size) or vocab_size, dtype=dtypes.int32),
+            constant("top_p", max(self.top_p, 2**-126), dtype=dtypes.float32))
 
 def warp(logits:Tensor, temperature:Tensor, top_k:Tensor, top_p:Tensor, *, filters:tuple[str, ...]) -> Tensor:
   """logits (N, V) -> the distributions (N, V) that tokens are drawn from, temperature > 0: softmax(logits / T), then
@@ -460,7 +460,16 @@ def stream(nonce:int, greedy:bool) -> UOp:
   """The random stream `nonce`, bound; greedy draws nothing, so its rounds all pass stream 0."""
   return bind(NONCE, 0 if greedy else nonce)
 
-def seed_key(seed:int) -> Tensor: return Tensor([seed & 0xffffffff, seed >> 32 & 0xffffffff], dtype=dtypes.uint32)
+def seed_key(seed:int) -> Tensor:
+  return constant("key", seed & 0xffffffff, seed >> 32 & 0xffffffff, dtype=dtypes.uint32)
+
+def constant(role:str, *values, dtype) -> Tensor:
+  """A run's values (its key, the sampling's) on the device: a later run with the same values gets the same Tensor, and
+  the compiled steps, called again on the same Tensors, neither copy nor gather their inputs anew (docs/engine.md)."""
+  return _constant(role, values, dtype, Device.DEFAULT)
+
+@functools.lru_cache(maxsize=64)   # by role too: a step given one Tensor twice (top-p equal to temperature) fails
+def _constant(role:str, values:tuple, dtype, device:str) -> Tensor: return Tensor(list(values), device, dtype).realize()
 
 def width(block:Tensor|list[int]) -> int:
   """The tokens in a block, on the device (1, w) or the host's ids."""

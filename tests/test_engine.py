@@ -1279,3 +1279,28 @@ def test_a_steps_output_is_read_without_a_copy_scheduled(tiny_dir, monkeypatch):
   monkeypatch.undo()
   lazy = Tensor([1.5, 2.5]) * 2
   assert model.read(lazy) == [3.0, 5.0] == plain.read(lazy)
+
+@pytest.mark.backend
+@pytest.mark.quick
+def test_a_runs_rounds_call_every_step_on_tensors_it_has_seen(tiny_dir, monkeypatch):
+  """A second run of the same request, speculative or the target alone, calls no step through tinygrad's JIT in its
+  rounds: the key and the sampling's values are the same Tensors (spec.constant()), so every step takes its shortcut
+  (a new Tensor costs a step's first call a copy and tinygrad's gathering). The sampling's values stay Tensors of their
+  own where two are equal (a step given one Tensor twice fails)."""
+  from tinygrad.engine.jit import _TinyJit
+  rounds, through_jit, plain_call, plain_sync = [], [], _TinyJit.__call__, spec.synchronize
+  monkeypatch.setattr(_TinyJit, "__call__", lambda self, *a, **k: (through_jit.append(bool(rounds)),
+                                                                  plain_call(self, *a, **k))[1])
+  monkeypatch.setattr(spec, "synchronize", lambda: (rounds.append(1), plain_sync())[1])
+  target, draft = load(tiny_dir / "target"), load(tiny_dir / "draft")
+  runs = {"speculative": lambda: spec.speculative_generate(target, draft, [1, 2, 3], 2, 12, seed=7, eos=None),
+          "the target alone": lambda: spec.autoregressive_generate(target, [1, 2, 3], 12, seed=7, eos=None)}
+  for name, run in runs.items():
+    first = run()[0]
+    rounds.clear(); through_jit.clear()
+    assert run()[0] == first, name
+    assert through_jit and True not in through_jit, f"{name}: a step called through tinygrad's JIT in the rounds"
+  assert spec.seed_key(7) is spec.seed_key(7) and spec.seed_key(7) is not spec.seed_key(8)
+  sampling = spec.Sampling(temperature=0.5, top_p=0.5)
+  temperature, _, top_p = sampling.tensors(64)
+  assert temperature is not top_p and temperature is sampling.tensors(64)[0]
