@@ -17,15 +17,15 @@ llama-speculative's (the draft, at most 2 and 4 drafted tokens: --spec-draft-n-m
 other settings its defaults; F32, K 2 also beside an F16 draft, as spec's default, and F16), spec's target alone and
 spec's speculative sampling with default flags (the draft's dtype --draft-dtype auto's) in float32 and
 float16 (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
-The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after: the target alone is given
-against its weights' bytes at their mean (the memory floor), speculative sampling against llama.cpp's plain decoding
-(llama-completion) in the same dtype. The first prompt's greedy text is compared, a check of the conversion: the same
+The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after, and beside each prompt's
+runs of spec: the target alone is given against its weights' bytes at the rate beside each run (the memory floor),
+speculative sampling against llama.cpp's plain decoding (llama-completion) in the same dtype. The first prompt's greedy text is compared, a check of the conversion: the same
 weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
 checkpoint's one-token decode in three rounds, each llama-bench's in F32 and F16, then spec's in float32 and float16
 beside the memory floor (about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random one
 where none is at hand).
 """
-import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile
+import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "models"
@@ -35,6 +35,7 @@ from tinygrad.nn.state import safe_load
 import models, spec
 import benchmark
 from benchmark import PROMPTS, bandwidth
+from models.timing import best_seconds
 
 BLOCK = (("ln_1", "attn_norm"), ("attn.c_attn", "attn_qkv"), ("attn.c_proj", "attn_output"), ("ln_2", "ffn_norm"),
          ("mlp.c_fc", "ffn_up"), ("mlp.c_proj", "ffn_down"))
@@ -112,6 +113,14 @@ def memory_rate() -> float:
   """numpy's BLAS matrix-vector product's read rate, bytes/s."""
   return bandwidth()['numpy BLAS matvec']
 
+def rate_now(nbytes:int=1 << 30) -> float:
+  """The same product's rate now, in this process (the best of 3 over nbytes), once its threads stopped spinning."""
+  n = int((nbytes // 4) ** 0.5)
+  a, v = np.ones((n, n), np.float32), np.ones(n, np.float32)
+  seconds = best_seconds(lambda: a @ v, 3)
+  time.sleep(benchmark.SETTLE)
+  return a.nbytes / seconds
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--llama-cpp", required=True, type=pathlib.Path, help="a llama.cpp source tree built with cmake "
@@ -162,27 +171,29 @@ def main():
                        (2, "F16", target16, draft16)):
       llama[f"llama.cpp, llama-speculative (K {K}), {f}"] = lambda p, K=K, m=m, d=d: speculative_ms(run(
         [speculative, "-m", m, "-md", d, "-p", p, most, K, fewest, 0, *common]))
-    # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not
-    totals = {name: [0.0, 0] for name in [*llama, *ours]}
+    # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not;
+    # the floor's rate measured beside each prompt's runs of spec (it moved 1.35x between a run's start and end)
+    totals, floor_ms, rates = {name: [0.0, 0] for name in [*llama, *ours]}, {name: 0.0 for name in weight_bytes}, []
     for p in prompts:
       for name, fn in llama.items():
         ms, n = fn(p)
         totals[name][0] += ms; totals[name][1] += n
+      rates.append(rate := rate_now())
       for name, fn in ours.items():
         stats = fn(enc.encode(p), args.n)[1]
         totals[name][0] += 1e3 * stats.time_total; totals[name][1] += stats.new_tokens
+        if name in weight_bytes: floor_ms[name] += 1e3 * stats.new_tokens * weight_bytes[name] / rate
     text = run([completion, "-m", target, "-p", prompts[0], *plain_flags, *common[:-1]])
   first = enc.decode(ours["spec, target alone, float32"](enc.encode(prompts[0]), 32)[0])
   rate_after = memory_rate()
-  rate = (rate_before + rate_after) / 2
   print(f"memory (numpy's BLAS matrix-vector product): {rate_before / 1e9:.1f} GB/s before, {rate_after / 1e9:.1f} "
-        "after\n")
+        f"after, {min(rates) / 1e9:.1f}-{max(rates) / 1e9:.1f} beside each prompt's runs of spec\n")
   print("| run | ms a token | against |\n|---|---|---|")
   for f, b in bench.items():
     print(f"| llama.cpp, llama-bench decoding, {f} (tg, no prompt, before the rest) | {1e3 / b['avg_ts']:.2f} | |")
   plain = {f: totals[f"llama.cpp, {completion.name} greedy decoding, {f}"] for f in ("F32", "F16")}
   for name, (ms, n) in totals.items():
-    if name in weight_bytes: against = f"{ms / n / (weight_bytes[name] / rate * 1e3):.2f}x the memory floor"
+    if name in weight_bytes: against = f"{ms / floor_ms[name]:.2f}x the memory floor"
     elif f := llama_dtype.get(name): against = f"{plain[f][0] / plain[f][1] / (ms / n):.2f}x llama.cpp's {f} decoding"
     else: against = ""
     print(f"| {name} | {ms / n:.2f} | {against} |")
