@@ -19,11 +19,11 @@ spec's speculative sampling with default flags (the draft's dtype --draft-dtype 
 float16 (after a warm-up on every prompt), each in ms a token of its own timers (spec: Stats.time_total, the rounds).
 The memory's read rate (numpy's BLAS matrix-vector product) is measured before and after, and beside each prompt's
 runs of spec: the target alone is given against its weights' bytes at the rate beside each run (the memory floor),
-speculative sampling against llama.cpp's plain decoding (llama-completion) in the same dtype. The first prompt's greedy text is compared, a check of the conversion: the same
-weights and tokenizer, the same text. --xl DIR adds a gpt2-xl
-checkpoint's one-token decode in three rounds, each llama-bench's in F32 and F16, then spec's in float32 and float16
-beside the memory floor (about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random one
-where none is at hand).
+speculative sampling against llama.cpp's plain decoding (llama-completion) in the same dtype. The first prompt's
+greedy text is compared, a check of the conversion: the same weights and tokenizer, the same text. --xl DIR adds a
+gpt2-xl checkpoint's one-token decode in three rounds, each llama-bench's in F32 and F16, then spec's in float32 and
+float16 beside the memory floor (about 10 minutes more; self_check.random_gpt2() and write_checkpoint() make a random
+one where none is at hand).
 """
 import argparse, json, math, os, pathlib, re, subprocess, sys, tempfile, time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ def main():
       llama[f"llama.cpp, llama-speculative (K {K}), {f}"] = lambda p, K=K, m=m, d=d: speculative_ms(run(
         [speculative, "-m", m, "-md", d, "-p", p, most, K, fewest, 0, *common]))
     # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not;
-    # the floor's rate measured beside each prompt's runs of spec (it moved 1.35x between a run's start and end)
+    # the floor's rate measured beside each prompt's runs of spec: it moves within a run (docs/measurements.md)
     totals, floor_ms, rates = {name: [0.0, 0] for name in [*llama, *ours]}, {name: 0.0 for name in weight_bytes}, []
     for p in prompts:
       for name, fn in llama.items():
