@@ -113,13 +113,11 @@ def memory_rate() -> float:
   """numpy's BLAS matrix-vector product's read rate, bytes/s."""
   return bandwidth()['numpy BLAS matvec']
 
-def rate_now(nbytes:int=1 << 30) -> float:
-  """The same product's rate now, in this process (the best of 3 over nbytes), once its threads stopped spinning."""
-  n = int((nbytes // 4) ** 0.5)
-  a, v = np.ones((n, n), np.float32), np.ones(n, np.float32)
-  seconds = best_seconds(lambda: a @ v, 3)
+def rate_now(matvec, nbytes:int) -> float:
+  """The read rate of benchmark.blas_matvec()'s call now (the best of 3), once its threads stopped spinning."""
+  seconds = best_seconds(matvec, 3)
   time.sleep(benchmark.SETTLE)
-  return a.nbytes / seconds
+  return nbytes / seconds
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -174,11 +172,12 @@ def main():
     # each prompt by every run in turn: a shared machine's memory rate moves over minutes, the comparison should not;
     # the floor's rate measured beside each prompt's runs of spec: it moves within a run (docs/measurements.md)
     totals, floor_ms, rates = {name: [0.0, 0] for name in [*llama, *ours]}, {name: 0.0 for name in weight_bytes}, []
+    matvec = benchmark.blas_matvec()
     for p in prompts:
       for name, fn in llama.items():
         ms, n = fn(p)
         totals[name][0] += ms; totals[name][1] += n
-      rates.append(rate := rate_now())
+      rates.append(rate := rate_now(*matvec))
       for name, fn in ours.items():
         stats = fn(enc.encode(p), args.n)[1]
         totals[name][0] += 1e3 * stats.time_total; totals[name][1] += stats.new_tokens

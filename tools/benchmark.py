@@ -247,15 +247,21 @@ def side_by_side(runs:dict, rounds:int=5) -> dict[str, float]:
       best[name] = min(best[name], best_seconds(run, 3))
   return best
 
+def blas_matvec(nbytes:int=1 << 30):
+  """numpy's BLAS matrix-vector product over a square float32 matrix of about nbytes, in this process: a call of it,
+  and the bytes it reads."""
+  n = int((nbytes // 4) ** 0.5)
+  a, v = np.ones((n, n), np.float32), np.ones(n, np.float32)
+  return (lambda: a @ v), a.nbytes
+
 def decodes_and_floor(models_:dict, nbytes:int=1 << 30) -> dict[str, tuple[float, int]]:
   """name -> (seconds, bytes read): each model's one-token decode (forward_pass()) and its weights, and numpy's BLAS
   matrix-vector product over nbytes (the memory floor's rate, as bandwidth() measures it), timed side by side."""
-  n = int((nbytes // 4) ** 0.5)
-  a, v = np.ones((n, n), np.float32), np.ones(n, np.float32)
-  runs = {name: forward_pass(m, 1) for name, m in models_.items()} | {"numpy BLAS matvec": lambda: a @ v}
+  matvec, read = blas_matvec(nbytes)
+  runs = {name: forward_pass(m, 1) for name, m in models_.items()} | {"numpy BLAS matvec": matvec}
   times = side_by_side(runs)
   return {name: (times[name], sizes(m)[0]) for name, m in models_.items()} | \
-         {"numpy BLAS matvec": (times["numpy BLAS matvec"], a.nbytes)}
+         {"numpy BLAS matvec": (times["numpy BLAS matvec"], read)}
 
 def small_models(report:dict) -> list[str]:
   """Lines: gpt2-xl's decode against the memory floor and each small model's against its bytes at the rate gpt2-xl's
